@@ -1,0 +1,365 @@
+"""The one typed, frozen configuration tree of a kgpipe run.
+
+YAML in, :class:`RunConfig` out. Unknown keys are rejected with their dotted path, values are
+type-checked, and cross-field rules live in ``model_validator`` hooks. ``--set a.b=c`` overrides
+are parsed as YAML scalars and validated like the file itself.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Iterable, Mapping
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from kgpipe.errors import ConfigError
+
+__all__ = [
+    "DataConfig",
+    "DistributedConfig",
+    "EvaluationConfig",
+    "ModelConfig",
+    "RegularizerConfig",
+    "RunConfig",
+    "RunSection",
+    "TrainingConfig",
+    "apply_overrides",
+    "config_to_yaml",
+    "load_config",
+    "parse_config",
+]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class RunSection(_Frozen):
+    """Where a run lives and how it is seeded."""
+
+    name: str | None = Field(
+        default=None,
+        description="Run folder name under `root`. Default: `{model}-{dataset}-{UTC timestamp}`.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+    )
+    root: str = Field(default="./runs", description="Any fsspec URL holding run folders.")
+    seed: int = Field(default=0, ge=0, description="Seed of every random draw (with epoch, rank).")
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="fsspec storage options for `root` (e.g. `client_kwargs.endpoint_url` for S3).",
+    )
+
+
+class DataConfig(_Frozen):
+    """Which triples to read and how to parse them."""
+
+    dataset: str | None = Field(
+        default=None,
+        description=(
+            "A standard benchmark by name (umls, kinship, nations, fb15k-237, wn18rr). `umls` is "
+            "bundled with kgpipe; the others are read from `root` and checksum-verified."
+        ),
+    )
+    root: str | None = Field(
+        default=None,
+        description="Folder or URL holding `{dataset}/{train,valid,test}.txt` for named benchmarks.",
+    )
+    train: str | None = Field(default=None, description="URL of the training triples.")
+    valid: str | None = Field(default=None, description="URL of the validation triples.")
+    test: str | None = Field(default=None, description="URL of the test triples.")
+    format: Literal["auto", "tsv", "csv", "parquet", "ntriples"] = Field(
+        default="auto", description="File format; `auto` decides by extension (default TSV)."
+    )
+    delimiter: str | None = Field(
+        default=None, description="Field delimiter for tsv/csv (default tab / comma)."
+    )
+    header: bool = Field(default=False, description="CSV/TSV files start with a header row.")
+    columns: tuple[str | int, str | int, str | int] | None = Field(
+        default=None,
+        description=(
+            "Head, relation and tail columns: names (with a header, or Parquet) or 0-based indices."
+        ),
+    )
+    literals: Literal["drop", "keep"] = Field(
+        default="drop", description="N-Triples literals: drop those triples or keep as entities."
+    )
+    unseen: Literal["keep", "drop", "error"] = Field(
+        default="keep",
+        description=(
+            "Valid/test triples whose entity or relation is not in train: keep (standard protocol), "
+            "drop, or error."
+        ),
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict, description="fsspec storage options for the data URLs."
+    )
+
+    @model_validator(mode="after")
+    def _sources(self) -> DataConfig:
+        if self.dataset is None and self.train is None:
+            raise ValueError("set either data.dataset or data.train")
+        return self
+
+
+class RegularizerConfig(_Frozen):
+    """Penalty on the embeddings used in a batch."""
+
+    type: Literal["none", "lp", "n3"] = Field(
+        default="none", description="none, lp (weight * |x|_p^p) or n3 (Lacroix et al. 2018)."
+    )
+    weight: float = Field(default=0.0, ge=0.0, description="Regularisation weight.")
+    p: float = Field(default=2.0, gt=0.0, description="The p of `lp`.")
+
+
+class ModelConfig(_Frozen):
+    """The embedding model."""
+
+    name: Literal["transe", "distmult", "complex", "rotate"] = Field(
+        default="complex", description="Interaction function."
+    )
+    dim: int = Field(
+        default=200,
+        ge=2,
+        description=(
+            "Real numbers per embedding row. ComplEx/RotatE use dim/2 complex components "
+            "(layout: [real parts | imaginary parts]); RotatE relations hold dim/2 phases."
+        ),
+    )
+    p: int = Field(default=2, ge=1, le=2, description="TransE distance norm (1 or 2).")
+    margin: float = Field(
+        default=9.0,
+        description="RotatE/TransE score offset gamma (score = gamma - distance).",
+    )
+    reciprocal: bool = Field(
+        default=False,
+        description="Learn an inverse relation per relation and predict heads as inverse tails.",
+    )
+    init: Literal["normal", "uniform", "xavier"] = Field(
+        default="normal", description="Initialisation of embedding tables."
+    )
+    init_scale: float = Field(
+        default=1e-3, gt=0.0, description="Std (normal) or half-width (uniform) of the init."
+    )
+    regularizer: RegularizerConfig = Field(default_factory=RegularizerConfig)
+
+    @model_validator(mode="after")
+    def _even_dim(self) -> ModelConfig:
+        if self.name in ("complex", "rotate") and self.dim % 2:
+            raise ValueError(f"model.dim must be even for {self.name} (got {self.dim})")
+        return self
+
+
+class TrainingConfig(_Frozen):
+    """How the model is trained."""
+
+    epochs: int = Field(default=100, ge=0, description="Passes over the training triples.")
+    batch_size: int = Field(
+        default=1024, ge=1, description="Global batch size (positives per step, all ranks)."
+    )
+    mode: Literal["negative_sampling", "1vsall", "kvsall"] = Field(
+        default="negative_sampling",
+        description="Shared-negative sampling, 1-vs-all or KvsAll scoring against all entities.",
+    )
+    negatives: int = Field(
+        default=256, ge=1, description="Negatives per positive (negative_sampling mode)."
+    )
+    chunk_size: int = Field(
+        default=256,
+        ge=1,
+        description=(
+            "Positives that share one set of negatives; each chunk's negatives are scored "
+            "with one matrix product."
+        ),
+    )
+    loss: Literal["margin", "softplus", "bce", "nssa", "cross_entropy"] = Field(
+        default="softplus",
+        description=(
+            "margin ranking, softplus (logistic), bce, nssa (self-adversarial, RotatE), "
+            "cross_entropy."
+        ),
+    )
+    margin: float = Field(default=1.0, ge=0.0, description="Margin of the margin ranking loss.")
+    adversarial_temperature: float = Field(
+        default=1.0, gt=0.0, description="Softmax temperature of the nssa loss."
+    )
+    label_smoothing: float = Field(
+        default=0.0, ge=0.0, lt=1.0, description="Label smoothing (bce, cross_entropy)."
+    )
+    optimizer: Literal["adam", "adagrad"] = Field(
+        default="adam", description="Row-wise sparse optimiser (only touched rows change)."
+    )
+    lr: float = Field(default=1e-3, gt=0.0, description="Peak learning rate.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="Adam betas.")
+    eps: float = Field(default=1e-8, gt=0.0, description="Optimiser epsilon.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warm-up steps.")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        default="constant", description="Learning-rate decay after warm-up."
+    )
+    clip_grad_norm: float | None = Field(
+        default=None, gt=0.0, description="Clip the global gradient norm to this value."
+    )
+    threads: int | None = Field(
+        default=None, ge=1, description="torch intra-op threads (default: all cores)."
+    )
+
+    @model_validator(mode="after")
+    def _mode_loss(self) -> TrainingConfig:
+        if self.mode == "1vsall" and self.loss not in ("cross_entropy", "bce"):
+            raise ValueError("training.mode=1vsall needs training.loss cross_entropy or bce")
+        if self.mode == "kvsall" and self.loss != "bce":
+            raise ValueError("training.mode=kvsall needs training.loss=bce")
+        return self
+
+
+class EvaluationConfig(_Frozen):
+    """Filtered link-prediction evaluation."""
+
+    every: int = Field(
+        default=0, ge=0, description="Validate every this many epochs (0: never during training)."
+    )
+    batch_size: int = Field(
+        default=256,
+        ge=1,
+        description="Queries ranked at once; peak memory ~ batch_size x entities x 4 bytes.",
+    )
+    sampled: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Rank against this many sampled entities instead of all (quick validation only; "
+            "results are labelled as sampled)."
+        ),
+    )
+    test: bool = Field(default=True, description="Evaluate on test at the end of training.")
+
+
+class DistributedConfig(_Frozen):
+    """Training on a Dask cluster (one process while workers == 1)."""
+
+    workers: int = Field(default=1, ge=1, description="Training ranks (Dask workers).")
+    cluster: str = Field(
+        default="local",
+        description="`local` (LocalCluster), `cuda` (LocalCUDACluster) or a scheduler address.",
+    )
+    sync: Literal["step", "epoch"] = Field(
+        default="step", description="Aggregate gradients every step, or average models per epoch."
+    )
+    compression: Literal["none", "topk", "int8"] = Field(
+        default="none", description="Compression of what is exchanged."
+    )
+
+    @model_validator(mode="after")
+    def _single_process(self) -> DistributedConfig:
+        if self.workers > 1:
+            raise ValueError(
+                "distributed.workers > 1 needs the Dask training path, which this version of "
+                "kgpipe does not have yet; use distributed.workers: 1"
+            )
+        return self
+
+
+class RunConfig(_Frozen):
+    """A whole kgpipe run."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+
+    def with_run_name(self) -> RunConfig:
+        """Return a copy whose ``run.name`` is set (a timestamped default if it was not)."""
+        if self.run.name is not None:
+            return self
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+        dataset = self.data.dataset or "custom"
+        name = f"{self.model.name}-{dataset}-{stamp}"
+        return self.model_copy(update={"run": self.run.model_copy(update={"name": name})})
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {path}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"  {path}: required")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {path}: {e['msg']}{shown}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "config") -> RunConfig:
+    """Validate a mapping into a :class:`RunConfig`; errors name the dotted key path."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(dict(data))
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_format_validation_error(err)}") from None
+
+
+def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    keys = path.split(".")
+    if not all(keys):
+        raise ConfigError(f"--set {path}: empty key in path")
+    node = tree
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {path}: {k} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (values parsed as YAML) to a config mapping."""
+    import copy
+
+    tree: dict[str, Any] = copy.deepcopy(dict(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        path, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML ({err})") from None
+        _set_path(tree, path.strip(), value)
+    return tree
+
+
+def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read a YAML config from any fsspec URL, apply overrides and validate."""
+    import fsspec
+
+    try:
+        with fsspec.open(url, "rt", encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        raise ConfigError(f"{url}: config file not found") from None
+    except OSError as err:
+        raise ConfigError(f"{url}: cannot read config ({err})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{url}: not valid YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{url}: the top level must be a mapping")
+    return parse_config(apply_overrides(data, overrides), source=url)
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    """The resolved config as YAML (round-trips through :func:`parse_config`)."""
+    data = config.model_dump(mode="json")
+    return yaml.safe_dump(data, sort_keys=False)

@@ -1,0 +1,291 @@
+"""Loading a knowledge graph's train/valid/test splits into integer triple tensors."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from kgpipe.config import DataConfig
+from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
+from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
+from kgpipe.data.io import read_bytes
+from kgpipe.data.vocab import Vocabulary
+from kgpipe.errors import DataError
+
+__all__ = ["SplitReport", "TripleDataset", "load_dataset"]
+
+
+@dataclass(frozen=True)
+class SplitReport:
+    """What happened while reading one split."""
+
+    #: URL read.
+    source: str
+    #: Data lines (or Parquet rows) parsed, excluding blank, comment and header lines; includes
+    #: statements later dropped, so ``lines = triples + duplicates + literals_dropped``
+    #: (``+ unseen`` when ``unseen_action == "drop"``).
+    lines: int
+    #: Triples kept after removing duplicates and handling unseen entities/relations.
+    triples: int
+    #: Exact duplicate triples removed within this split (the first occurrence is kept).
+    duplicates: int
+    #: Distinct triples with an entity or relation not in train (always 0 for train).
+    unseen: int
+    #: ``"keep"``, ``"drop"`` or ``"error"`` for valid/test; ``"n/a"`` for train.
+    unseen_action: str
+    #: N-Triples statements skipped because their object is a literal.
+    literals_dropped: int = 0
+    #: SHA-256 (hex) of the file's decompressed content.
+    sha256: str = ""
+
+
+@dataclass(frozen=True, eq=False)
+class TripleDataset:
+    """A graph's splits as int64 ``[n, 3]`` tensors of ``(head, relation, tail)`` ids."""
+
+    train: torch.Tensor
+    valid: torch.Tensor
+    test: torch.Tensor
+    vocab: Vocabulary
+    reports: dict[str, SplitReport] = field(default_factory=dict)
+    #: SHA-256 (hex) over the content of every input file, in split order.
+    fingerprint: str = ""
+
+    @property
+    def num_entities(self) -> int:
+        """Number of entities (train ones plus unseen valid/test ones that were kept)."""
+        return self.vocab.num_entities
+
+    @property
+    def num_relations(self) -> int:
+        """Number of relations."""
+        return self.vocab.num_relations
+
+    def summary(self) -> str:
+        """A few human-readable lines with the counts of the graph and of each split."""
+        out = [
+            f"{self.num_entities:,} entities, {self.num_relations:,} relations "
+            f"(fingerprint {self.fingerprint[:12]})"
+        ]
+        for split in SPLITS:
+            rep = self.reports.get(split)
+            if rep is None:
+                continue
+            notes = [f"{rep.duplicates:,} duplicates removed"]
+            if rep.unseen_action in ("keep", "drop"):
+                verb = "kept" if rep.unseen_action == "keep" else "dropped"
+                notes.append(f"{rep.unseen:,} with unseen entities/relations {verb}")
+            if rep.literals_dropped:
+                notes.append(f"{rep.literals_dropped:,} literal statements dropped")
+            out.append(f"{split}: {rep.triples:,} triples ({', '.join(notes)}) from {rep.source}")
+        return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class _Source:
+    split: str
+    url: str
+    storage_options: dict[str, Any] | None
+    benchmark: str | None  # set when the file is a published benchmark split (checksum-verified)
+
+
+def _sources(cfg: DataConfig) -> list[_Source]:
+    urls: dict[str, str] = {}
+    name: str | None = None
+    so: dict[str, Any] | None = cfg.storage_options or None
+    out: list[_Source] = []
+    if cfg.dataset is not None:
+        name = canonical_benchmark_name(cfg.dataset)
+        urls = resolve_benchmark(name, cfg.root)
+    for split in SPLITS:
+        override: str | None = getattr(cfg, split)
+        if override is not None:
+            out.append(_Source(split, override, so, None))
+        elif name is not None:
+            # The bundled copies are local package files: no storage options apply to them.
+            out.append(_Source(split, urls[split], so if cfg.root is not None else None, name))
+    return out
+
+
+def _parse(src: _Source, cfg: DataConfig) -> tuple[LabeledTriples, str]:
+    data = read_bytes(src.url, src.storage_options)
+    digest = hashlib.sha256(data).hexdigest()
+    if src.benchmark is not None:
+        expected = BENCHMARKS[src.benchmark][src.split]
+        if digest != expected:
+            raise DataError(
+                src.url,
+                f"checksum mismatch: expected {expected}, got {digest} — the file is not the "
+                f"published {src.benchmark} {src.split} split",
+            )
+        # Published benchmarks are plain TSV whatever the options for the user's own files say.
+        triples = parse_triples(
+            data, source=src.url, fmt="tsv", delimiter=None, header=False, columns=None
+        )
+    else:
+        triples = parse_triples(
+            data,
+            source=src.url,
+            fmt=detect_format(src.url, cfg.format),
+            delimiter=cfg.delimiter,
+            header=cfg.header,
+            columns=cfg.columns,
+            literals=cfg.literals,
+        )
+    return triples, digest
+
+
+def _ids(labels: list[str], index: Mapping[str, int]) -> np.ndarray:
+    return np.fromiter(map(index.__getitem__, labels), dtype=np.int64, count=len(labels))
+
+
+def _first_occurrences(rows: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
+    """Sorted indices of the first occurrence of every distinct row of an ``[n, 3]`` array."""
+    if len(rows) == 0:
+        return np.arange(0, dtype=np.int64)
+    if num_entities * num_entities * max(num_relations, 1) < 2**62:
+        keys = (rows[:, 0] * num_relations + rows[:, 1]) * num_entities + rows[:, 2]
+        _, first = np.unique(keys, return_index=True)
+    else:
+        _, first = np.unique(rows, axis=0, return_index=True)
+    first.sort()
+    return first
+
+
+def load_dataset(cfg: DataConfig) -> TripleDataset:
+    """Read, parse and index the splits described by ``cfg``.
+
+    Splits come from ``cfg.dataset`` (a named benchmark, checksum-verified) and/or the
+    ``cfg.train``/``valid``/``test`` URLs (which override the benchmark's files). Duplicate
+    triples are removed within each split (first occurrence kept, file order preserved);
+    valid/test triples with entities or relations not in train are kept, dropped or rejected
+    according to ``cfg.unseen``. Ids: see :class:`~kgpipe.data.vocab.Vocabulary`.
+
+    Raises :class:`~kgpipe.errors.DataError` for unreadable or malformed files, checksum
+    mismatches and (with ``unseen="error"``) unseen entities/relations.
+    """
+    sources = _sources(cfg)
+    parsed: dict[str, LabeledTriples] = {}
+    digests: dict[str, str] = {}
+    by_split = {src.split: src for src in sources}
+    for src in sources:
+        parsed[src.split], digests[src.split] = _parse(src, cfg)
+
+    train = parsed["train"]
+    if not train.heads:
+        raise DataError(
+            by_split["train"].url,
+            f"no triples left: all {train.literals_dropped:,} statements have a literal object "
+            "(set data.literals: keep to keep literals as entities)",
+        )
+
+    # Provisional ids: train labels sorted, then the labels seen only in valid/test, sorted.
+    train_entities = set(train.heads)
+    train_entities.update(train.tails)
+    train_relations = set(train.relations)
+    extra_entities: set[str] = set()
+    extra_relations: set[str] = set()
+    for split in ("valid", "test"):
+        if split in parsed:
+            lt = parsed[split]
+            extra_entities.update(lt.heads)
+            extra_entities.update(lt.tails)
+            extra_relations.update(lt.relations)
+    full = Vocabulary.from_labels(train_entities, train_relations, extra_entities, extra_relations)
+    n_train_entities = len(train_entities)
+    n_train_relations = len(train_relations)
+    ent_index = full.entity_index
+    rel_index = full.relation_index
+
+    tensors: dict[str, torch.Tensor] = {}
+    reports: dict[str, SplitReport] = {}
+    for split, lt in parsed.items():
+        src = by_split[split]
+        rows = np.stack(
+            [_ids(lt.heads, ent_index), _ids(lt.relations, rel_index), _ids(lt.tails, ent_index)],
+            axis=1,
+        )
+        first = _first_occurrences(rows, full.num_entities, full.num_relations)
+        duplicates = len(rows) - len(first)
+        rows = rows[first]
+        unseen = 0
+        action = "n/a"
+        if split != "train":
+            action = cfg.unseen
+            mask = (
+                (rows[:, 0] >= n_train_entities)
+                | (rows[:, 1] >= n_train_relations)
+                | (rows[:, 2] >= n_train_entities)
+            )
+            unseen = int(mask.sum())
+            if unseen and action == "error":
+                _raise_unseen(src.url, lt, rows, first, mask, full, n_train_entities, unseen)
+            if unseen and action == "drop":
+                rows = rows[~mask]
+        tensors[split] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+        reports[split] = SplitReport(
+            source=src.url,
+            lines=len(lt) + lt.literals_dropped,
+            triples=len(rows),
+            duplicates=duplicates,
+            unseen=unseen,
+            unseen_action=action,
+            literals_dropped=lt.literals_dropped,
+            sha256=digests[split],
+        )
+
+    if cfg.unseen == "keep":
+        vocab = full
+    else:
+        vocab = Vocabulary(
+            entities=full.entities[:n_train_entities],
+            relations=full.relations[:n_train_relations],
+        )
+
+    fingerprint = hashlib.sha256()
+    for split in parsed:
+        fingerprint.update(f"{split}\t{digests[split]}\n".encode())
+
+    empty = torch.zeros((0, 3), dtype=torch.int64)
+    return TripleDataset(
+        train=tensors["train"],
+        valid=tensors.get("valid", empty),
+        test=tensors.get("test", empty.clone()),
+        vocab=vocab,
+        reports=reports,
+        fingerprint=fingerprint.hexdigest(),
+    )
+
+
+def _raise_unseen(
+    url: str,
+    lt: LabeledTriples,
+    rows: np.ndarray,
+    first: np.ndarray,
+    mask: np.ndarray,
+    vocab: Vocabulary,
+    n_train_entities: int,
+    count: int,
+) -> None:
+    pos = int(np.flatnonzero(mask)[0])
+    src_index = int(first[pos])
+    h, r, t = (int(x) for x in rows[pos])
+    if h >= n_train_entities:
+        what = f"entity {vocab.entities[h]!r}"
+    elif t >= n_train_entities:
+        what = f"entity {vocab.entities[t]!r}"
+    else:
+        what = f"relation {vocab.relations[r]!r}"
+    plural = "triple uses" if count == 1 else "triples use"
+    raise DataError(
+        url,
+        f"{count:,} {plural} an entity or relation not in train (first: {what}); "
+        "set data.unseen to 'keep' or 'drop' to accept them",
+        line=lt.line_numbers[src_index],
+        excerpt="\t".join((lt.heads[src_index], lt.relations[src_index], lt.tails[src_index])),
+    )

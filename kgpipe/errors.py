@@ -1,0 +1,42 @@
+"""Errors that reach users as a clear message rather than a traceback.
+
+Every error that is the user's to fix (bad input data, an invalid config, a missing run folder)
+derives from :class:`KgpipeError`; the CLI prints its message and exits non-zero.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "DataError", "KgpipeError", "RunError"]
+
+
+class KgpipeError(Exception):
+    """Base class of errors whose message is meant for the user."""
+
+
+class ConfigError(KgpipeError):
+    """The configuration is invalid (unknown key, wrong type, violated constraint)."""
+
+
+class DataError(KgpipeError):
+    """Input data is unreadable or malformed.
+
+    The message names the file and, where there is one, the line number and an excerpt.
+    """
+
+    def __init__(
+        self, source: str, problem: str, *, line: int | None = None, excerpt: str | None = None
+    ) -> None:
+        self.source = source
+        self.problem = problem
+        self.line = line
+        self.excerpt = excerpt
+        where = f"{source}, line {line}" if line is not None else source
+        msg = f"{where}: {problem}"
+        if excerpt is not None:
+            shown = excerpt if len(excerpt) <= 120 else excerpt[:117] + "..."
+            msg += f"\n    {shown!r}"
+        super().__init__(msg)
+
+
+class RunError(KgpipeError):
+    """A run folder is missing, incomplete, or would be overwritten."""

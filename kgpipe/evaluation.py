@@ -1,0 +1,167 @@
+"""Filtered link-prediction evaluation (rank-based), computed in bounded-memory chunks.
+
+Protocol (the standard one): for every evaluation triple ``(h, r, t)`` rank ``t`` among all
+entities for the query ``(h, r, ?)`` and ``h`` for ``(?, r, t)``; every *other* entity that forms
+a known true triple (train + valid + test) is removed from the candidates ("filtered"); ties get
+the mean of the optimistic and pessimistic rank ("realistic" rank,
+``1 + #{better} + #{equal}/2``). MRR, MR and Hits@k are averaged over both sides and reported
+per side.
+
+Peak memory is about ``batch_size x num_entities x 4`` bytes for the score matrix (plus the
+model's own intermediates), whatever the size of the evaluation set.
+
+A *sampled* mode ranks each query against ``k`` random entities instead of all; its numbers are
+not comparable to published results and are labelled ``"candidates": "sampled-k"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kgpipe.models.model import KGEModel
+
+__all__ = ["FilterIndex", "evaluate", "rank_metrics", "realistic_ranks"]
+
+HITS_AT = (1, 3, 10)
+
+
+@dataclass(frozen=True)
+class FilterIndex:
+    """Known true answers of every ``(anchor, relation)`` query, both sides, in sorted CSR form."""
+
+    num_relations: int
+    tail_keys: Tensor  # sorted keys h * R + r
+    tails: Tensor  # answers aligned with tail_keys
+    head_keys: Tensor  # sorted keys t * R + r
+    heads: Tensor
+
+    @classmethod
+    def from_triples(cls, triples: Sequence[Tensor], num_relations: int) -> FilterIndex:
+        """Index the union of the given ``(n, 3)`` triple sets."""
+        known = torch.unique(torch.cat([t.long() for t in triples if t.numel()]), dim=0)
+        h, r, t = known[:, 0], known[:, 1], known[:, 2]
+        tk = h * num_relations + r
+        hk = t * num_relations + r
+        to, ho = torch.argsort(tk, stable=True), torch.argsort(hk, stable=True)
+        return cls(num_relations, tk[to], t[to], hk[ho], h[ho])
+
+    def answers(self, side: str, anchors: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
+        """Pairs ``(query index, entity)`` of every known answer of each query."""
+        keys, values = (self.tail_keys, self.tails) if side == "tail" else (self.head_keys, self.heads)
+        q = anchors * self.num_relations + relations
+        start = torch.searchsorted(keys, q, side="left")
+        end = torch.searchsorted(keys, q, side="right")
+        counts = end - start
+        rows = torch.repeat_interleave(torch.arange(q.shape[0]), counts)
+        offsets = torch.repeat_interleave(start - (torch.cumsum(counts, 0) - counts), counts)
+        pos = offsets + torch.arange(rows.shape[0])
+        return rows, values[pos]
+
+
+def realistic_ranks(scores: Tensor, targets: Tensor, filter_rows: Tensor, filter_cols: Tensor) -> Tensor:
+    """Filtered realistic ranks ``(b,)`` of ``targets`` in ``scores`` ``(b, n)``.
+
+    ``(filter_rows, filter_cols)`` are positions of known true answers; they (and the target
+    itself) are excluded from the comparison. ``scores`` is modified in place.
+    """
+    rows = torch.arange(scores.shape[0])
+    true = scores[rows, targets].clone()
+    scores[filter_rows, filter_cols] = float("-inf")
+    scores[rows, targets] = float("-inf")
+    col = true.unsqueeze(1)
+    better = (scores > col).sum(1)
+    equal = (scores == col).sum(1)
+    return 1.0 + better.double() + equal.double() / 2.0
+
+
+def rank_metrics(ranks: Tensor) -> dict[str, float]:
+    """MRR, MR and Hits@1/3/10 of (realistic) ranks."""
+    ranks = ranks.double()
+    if ranks.numel() == 0:
+        return {"mrr": float("nan"), "mr": float("nan"), **{f"hits@{k}": float("nan") for k in HITS_AT}}
+    out = {"mrr": float((1.0 / ranks).mean()), "mr": float(ranks.mean())}
+    for k in HITS_AT:
+        out[f"hits@{k}"] = float((ranks <= k).double().mean())
+    return out
+
+
+ProgressFn = Callable[[int, int], None]
+
+
+@torch.no_grad()
+def evaluate(
+    model: KGEModel,
+    triples: Tensor,
+    filter_index: FilterIndex,
+    *,
+    batch_size: int = 256,
+    sampled: int | None = None,
+    generator: torch.Generator | None = None,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Filtered link-prediction metrics of ``triples`` ``(n, 3)`` on both sides.
+
+    Returns ``{"mrr", "mr", "hits@1", "hits@3", "hits@10", "head": {...}, "tail": {...},
+    "triples", "candidates"}``.
+    """
+    triples = triples.long()
+    n = int(triples.shape[0])
+    num_entities = model.spec.num_entities
+    sample: Tensor | None = None
+    if sampled is not None:
+        gen = generator or torch.Generator().manual_seed(0)
+        sample = torch.randperm(num_entities, generator=gen)[: min(sampled, num_entities)]
+    ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
+    done = 0
+    total = 2 * n
+    for side in ("tail", "head"):
+        for start in range(0, n, batch_size):
+            chunk = triples[start : start + batch_size]
+            h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+            if side == "tail":
+                anchors, targets = h, t
+                scores = model.score_all_tails(h, r)
+            else:
+                anchors, targets = t, h
+                scores = model.score_all_heads(r, t)
+            f_rows, f_cols = filter_index.answers(side, anchors, r)
+            if sample is not None:
+                scores, targets, f_rows, f_cols = _restrict(scores, targets, f_rows, f_cols, sample)
+            ranks[side].append(realistic_ranks(scores, targets, f_rows, f_cols))
+            done += int(chunk.shape[0])
+            if progress is not None:
+                progress(done, total)
+    head = torch.cat(ranks["head"]) if ranks["head"] else torch.zeros(0)
+    tail = torch.cat(ranks["tail"]) if ranks["tail"] else torch.zeros(0)
+    out: dict[str, Any] = rank_metrics(torch.cat((head, tail)))
+    out["head"] = rank_metrics(head)
+    out["tail"] = rank_metrics(tail)
+    out["triples"] = n
+    out["candidates"] = "all" if sample is None else f"sampled-{int(sample.numel())}"
+    return out
+
+
+def _restrict(
+    scores: Tensor, targets: Tensor, f_rows: Tensor, f_cols: Tensor, sample: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Keep the target plus the sampled candidates (columns: target first, then the sample)."""
+    b = scores.shape[0]
+    rows = torch.arange(b)
+    sub = torch.cat((scores[rows, targets].unsqueeze(1), scores[:, sample]), dim=1)
+    # map filtered entity ids onto sample columns (1 + position); drop those not sampled
+    pos = torch.full((scores.shape[1],), -1, dtype=torch.long)
+    pos[sample] = torch.arange(sample.numel()) + 1
+    cols = pos[f_cols]
+    keep = cols >= 0
+    f_rows, cols = f_rows[keep], cols[keep]
+    # the target, if it also appears in the sample, must not count as a competitor
+    tcols = pos[targets]
+    in_sample = tcols >= 0
+    f_rows = torch.cat((f_rows, rows[in_sample]))
+    cols = torch.cat((cols, tcols[in_sample]))
+    return sub, torch.zeros(b, dtype=torch.long), f_rows, cols

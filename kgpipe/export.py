@@ -1,0 +1,146 @@
+"""Model files and embedding exports.
+
+``model.safetensors`` holds the two tables (``entity``, ``relation``) and, in its metadata, the
+:class:`~kgpipe.models.model.ModelSpec` -- no pickle anywhere.
+
+Exports (``parquet`` or ``npy``) are self-describing: see ``docs/embeddings.md`` for the layouts
+and scoring functions; the same text is stored in the Parquet schema metadata under ``kgpipe``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from kgpipe.data import Vocabulary
+from kgpipe.data.vocab import escape_label
+from kgpipe.errors import RunError
+from kgpipe.models.model import KGEModel, ModelSpec
+from kgpipe.storage import Store
+
+__all__ = ["SCORING", "export_embeddings", "load_model", "relation_labels", "save_model"]
+
+MODEL_FILE = "model.safetensors"
+
+SCORING = {
+    "transe": "score(h,r,t) = gamma - ||h + r - t||_p  (real vectors of dim)",
+    "distmult": "score(h,r,t) = sum(h * r * t)  (real vectors of dim)",
+    "complex": (
+        "score(h,r,t) = Re(sum(h * r * conj(t))); rows are dim/2 complex numbers stored as "
+        "[real parts | imaginary parts]"
+    ),
+    "rotate": (
+        "score(h,r,t) = gamma - sum_k |h_k * r_k - t_k| (complex modulus); entity rows are dim/2 "
+        "complex numbers stored as [real parts | imaginary parts]; relation rows are dim/2 phases "
+        "theta in radians, r_k = cos(theta_k) + i sin(theta_k)"
+    ),
+}
+
+
+def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
+    """Write the tables and spec as safetensors (no pickle)."""
+    tensors = {"entity": model.entity.data.contiguous(), "relation": model.relation.data.contiguous()}
+    store.write_bytes(rel, st_save(tensors, metadata={"kgpipe_model": model.spec.to_json()}))
+
+
+def load_model(store: Store, rel: str = MODEL_FILE) -> KGEModel:
+    """Read a model written by :func:`save_model`."""
+    if not store.exists(rel):
+        raise RunError(f"{store.url_of(rel)}: no model file (did training finish?)")
+    data = store.read_bytes(rel)
+    header_len = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + header_len])
+    meta = header.get("__metadata__", {})
+    if "kgpipe_model" not in meta:
+        raise RunError(f"{store.url_of(rel)}: not a kgpipe model file")
+    spec = ModelSpec.from_json(meta["kgpipe_model"])
+    tensors = st_load(data)
+    model = KGEModel(spec)
+    model.entity.data.copy_(tensors["entity"])
+    model.relation.data.copy_(tensors["relation"])
+    return model
+
+
+def relation_labels(vocab: Vocabulary, spec: ModelSpec) -> list[str]:
+    """Labels of the relation table's rows; inverse rows (reciprocal models) end in ``^-1``."""
+    labels = list(vocab.relations)
+    if spec.reciprocal:
+        labels += [f"{x}^-1" for x in vocab.relations]
+    return labels
+
+
+def _table_parquet(ids: np.ndarray, labels: list[str], emb: np.ndarray, meta: dict[str, str]) -> bytes:
+    dim = emb.shape[1]
+    flat = pa.array(emb.astype(np.float32, copy=False).reshape(-1), type=pa.float32())
+    offsets = pa.array(np.arange(0, (emb.shape[0] + 1) * dim, dim, dtype=np.int32))
+    table = pa.table(
+        {
+            "id": pa.array(ids, type=pa.int64()),
+            "label": pa.array(labels, type=pa.string()),
+            "embedding": pa.ListArray.from_arrays(offsets, flat),
+        }
+    ).replace_schema_metadata(meta)
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def export_embeddings(
+    model: KGEModel,
+    vocab: Vocabulary,
+    out_url: str,
+    *,
+    fmt: str = "parquet",
+    storage_options: dict[str, Any] | None = None,
+) -> list[str]:
+    """Write entity and relation embeddings under ``out_url``; returns the URLs written.
+
+    ``parquet``: ``entities.parquet``/``relations.parquet`` with columns ``id``, ``label``,
+    ``embedding`` (list<float32>). ``npy``: ``entities.npy``/``relations.npy`` (float32 matrices,
+    row = id) with ``entities.tsv``/``relations.tsv`` (``id<TAB>label``). Both also write
+    ``model.json`` (spec, layout and scoring function).
+    """
+    spec = model.spec
+    store = Store(out_url, storage_options)
+    info = {
+        "model": json.loads(spec.to_json()),
+        "scoring": SCORING[spec.name],
+        "relation_rows": "rows num_relations.. are inverse relations" if spec.reciprocal else "",
+    }
+    meta = {"kgpipe": json.dumps(info)}
+    ent = model.entity.data.numpy()
+    rel = model.relation.data.numpy()
+    rel_labels = relation_labels(vocab, spec)
+    written = []
+    if fmt == "parquet":
+        for name, emb, labels in (
+            ("entities", ent, list(vocab.entities)),
+            ("relations", rel, rel_labels),
+        ):
+            store.write_bytes(
+                f"{name}.parquet", _table_parquet(np.arange(emb.shape[0]), labels, emb, meta)
+            )
+            written.append(store.url_of(f"{name}.parquet"))
+    elif fmt == "npy":
+        for name, emb, labels in (
+            ("entities", ent, list(vocab.entities)),
+            ("relations", rel, rel_labels),
+        ):
+            buf = io.BytesIO()
+            np.save(buf, emb.astype(np.float32), allow_pickle=False)
+            store.write_bytes(f"{name}.npy", buf.getvalue())
+            tsv = "".join(f"{i}\t{escape_label(lab)}\n" for i, lab in enumerate(labels))
+            store.write_text(f"{name}.tsv", tsv)
+            written += [store.url_of(f"{name}.npy"), store.url_of(f"{name}.tsv")]
+    else:
+        raise ValueError(f"unknown export format {fmt!r}; known: npy, parquet")
+    store.write_json("model.json", info)
+    written.append(store.url_of("model.json"))
+    return written

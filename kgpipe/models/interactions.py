@@ -1,0 +1,235 @@
+"""Stateless interaction functions: the scoring functions of the models.
+
+Every interaction takes embeddings, never ids, and holds no parameters. Higher scores mean "more
+plausible". Three entry points per model:
+
+* :meth:`Interaction.score` -- one score per triple. ``h, r, t`` broadcast against each other:
+  shapes ``(*batch, d)`` (relations ``(*batch, d_r)``), result ``(*batch,)``.
+* :meth:`Interaction.score_tails` -- each query ``(h, r)`` against a set of candidate tails.
+  ``h``: ``(*g, b, d)``, ``r``: ``(*g, b, d_r)``, ``candidates``: ``(*g, n, d)``; result
+  ``(*g, b, n)``. With ``g`` a leading chunk dimension this scores *shared negatives*: every
+  query in a chunk against the chunk's ``n`` negatives, as one batched matrix product. With
+  ``candidates`` the whole entity table this is 1-vs-all scoring for evaluation.
+* :meth:`Interaction.score_heads` -- likewise for queries ``(r, t)`` against candidate heads.
+
+Layouts (these are also the layouts of exported embeddings):
+
+* TransE, DistMult: entity and relation rows are real vectors of ``dim``.
+* ComplEx: an entity or relation row of ``dim`` reals is ``dim/2`` complex numbers stored as
+  ``[real parts | imaginary parts]``.
+* RotatE: entities as ComplEx; a relation row holds ``dim/2`` phases θ (radians), the relation
+  being the unit complex vector ``cos θ + i sin θ``.
+
+Scores:
+
+* TransE: ``γ - ‖h + r - t‖_p`` (p = 1 or 2).
+* DistMult: ``Σ h ⊙ r ⊙ t``.
+* ComplEx: ``Re(Σ h ⊙ r ⊙ conj(t))``.
+* RotatE: ``γ - Σ_k |h_k r_k - t_k|`` (sum of complex moduli).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "INTERACTIONS",
+    "ComplEx",
+    "DistMult",
+    "Interaction",
+    "RotatE",
+    "TransE",
+    "get_interaction",
+]
+
+
+class Interaction(ABC):
+    """A scoring function over embeddings (see the module docstring for shapes)."""
+
+    #: registry name
+    name: ClassVar[str]
+    #: rough multiply-adds per (query, candidate) pair and dimension, for GFLOP/s reports
+    flops_per_pair_dim: ClassVar[float] = 2.0
+
+    def relation_dim(self, dim: int) -> int:
+        """Width of a relation row for entity rows of width ``dim``."""
+        return dim
+
+    @abstractmethod
+    def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        """Scores of triples, shape ``(*batch,)``."""
+
+    @abstractmethod
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+        """Scores ``(*g, b, n)`` of queries ``(h, r, ?)`` against candidate tails."""
+
+    @abstractmethod
+    def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
+        """Scores ``(*g, b, n)`` of queries ``(?, r, t)`` against candidate heads."""
+
+
+def _split(x: Tensor) -> tuple[Tensor, Tensor]:
+    half = x.shape[-1] // 2
+    return x[..., :half], x[..., half:]
+
+
+def _sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
+    """Squared Euclidean distances ``(*g, b, n)`` through a matrix product."""
+    qq = (q * q).sum(-1, keepdim=True)
+    cc = (c * c).sum(-1).unsqueeze(-2)
+    d2 = (
+        torch.baddbmm(qq + cc, q, c.transpose(-1, -2), alpha=-2.0)
+        if q.dim() == 3
+        else (qq + cc - 2.0 * q @ c.transpose(-1, -2))
+    )
+    return d2.clamp_min(0.0)
+
+
+class TransE(Interaction):
+    """Translational distance ``γ - ‖h + r - t‖_p`` (Bordes et al., 2013)."""
+
+    name = "transe"
+
+    def __init__(self, *, p: int = 2, margin: float = 0.0) -> None:
+        if p not in (1, 2):
+            raise ValueError("TransE supports p = 1 or 2")
+        self.p = p
+        self.margin = margin
+
+    def _dist(self, q: Tensor, c: Tensor) -> Tensor:
+        if self.p == 2:
+            # sqrt with a floor: its gradient at an exact zero distance stays finite
+            return (_sqdist_mm(q, c) + 1e-12).sqrt()
+        return torch.cdist(q, c, p=1.0)
+
+    def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        diff = h + r - t
+        if self.p == 2:
+            return self.margin - ((diff * diff).sum(-1) + 1e-12).sqrt()
+        return self.margin - diff.abs().sum(-1)
+
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+        return self.margin - self._dist(h + r, candidates)
+
+    def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
+        return self.margin - self._dist(t - r, candidates)
+
+
+class DistMult(Interaction):
+    """Bilinear diagonal ``Σ h ⊙ r ⊙ t`` (Yang et al., 2015)."""
+
+    name = "distmult"
+
+    def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        return (h * r * t).sum(-1)
+
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+        return (h * r) @ candidates.transpose(-1, -2)
+
+    def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
+        return (r * t) @ candidates.transpose(-1, -2)
+
+
+class ComplEx(Interaction):
+    """``Re(Σ h ⊙ r ⊙ conj(t))`` over ``dim/2`` complex components (Trouillon et al., 2016)."""
+
+    name = "complex"
+
+    def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        hr, hi = _split(h)
+        rr, ri = _split(r)
+        tr, ti = _split(t)
+        return ((hr * rr - hi * ri) * tr + (hr * ri + hi * rr) * ti).sum(-1)
+
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+        hr, hi = _split(h)
+        rr, ri = _split(r)
+        # Re(<q, conj t>) = q_re·t_re + q_im·t_im with q = h*r
+        q = torch.cat((hr * rr - hi * ri, hr * ri + hi * rr), dim=-1)
+        return q @ candidates.transpose(-1, -2)
+
+    def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
+        rr, ri = _split(r)
+        tr, ti = _split(t)
+        # Re(<h, x>) with x = r*conj(t) = h_re·x_re - h_im·x_im
+        x_re = rr * tr + ri * ti
+        x_im = ri * tr - rr * ti
+        q = torch.cat((x_re, -x_im), dim=-1)
+        return q @ candidates.transpose(-1, -2)
+
+
+class RotatE(Interaction):
+    """Rotation in complex space ``γ - Σ_k |h_k r_k - t_k|`` (Sun et al., 2019)."""
+
+    name = "rotate"
+    flops_per_pair_dim = 4.0  # per complex component: 2 sub, 2 mul+add, sqrt counted as one
+
+    def __init__(self, *, margin: float = 0.0) -> None:
+        self.margin = margin
+
+    def relation_dim(self, dim: int) -> int:
+        return dim // 2
+
+    @staticmethod
+    def _rotate(x: Tensor, phase: Tensor, *, conj: bool = False) -> tuple[Tensor, Tensor]:
+        xr, xi = _split(x)
+        c, s = torch.cos(phase), torch.sin(phase)
+        if conj:
+            s = -s
+        return xr * c - xi * s, xr * s + xi * c
+
+    @staticmethod
+    def _modulus_sum(qr: Tensor, qi: Tensor, candidates: Tensor) -> Tensor:
+        """``Σ_k |q_k - c_k|`` for every (query, candidate) pair, ``(*g, b, n)``.
+
+        There is no matrix-product form, so the ``(b, n, k)`` differences are materialised; the
+        candidates are processed in slices to keep that intermediate near 2**24 elements.
+        """
+        cr, ci = _split(candidates)
+        b, k, n = qr.shape[-2], qr.shape[-1], cr.shape[-2]
+        groups = qr[..., :1, :1].numel()
+        step = max(1, (1 << 24) // max(1, groups * b * k))
+        out = []
+        for s in range(0, n, step):
+            dr = qr.unsqueeze(-2) - cr[..., s : s + step, :].unsqueeze(-3)
+            di = qi.unsqueeze(-2) - ci[..., s : s + step, :].unsqueeze(-3)
+            out.append(torch.sqrt(dr * dr + di * di + 1e-12).sum(-1))
+        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+
+    def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        qr, qi = self._rotate(h, r)
+        tr, ti = _split(t)
+        dr, di = qr - tr, qi - ti
+        return self.margin - torch.sqrt(dr * dr + di * di + 1e-12).sum(-1)
+
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+        qr, qi = self._rotate(h, r)
+        return self.margin - self._modulus_sum(qr, qi, candidates)
+
+    def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
+        # |h∘r - t| = |h - t∘conj(r)| because |r_k| = 1
+        qr, qi = self._rotate(t, r, conj=True)
+        return self.margin - self._modulus_sum(qr, qi, candidates)
+
+
+INTERACTIONS: dict[str, type[Interaction]] = {
+    cls.name: cls for cls in (TransE, DistMult, ComplEx, RotatE)
+}
+
+
+def get_interaction(name: str, *, p: int = 2, margin: float = 0.0) -> Interaction:
+    """Build an interaction by registry name; unknown names list the known ones."""
+    try:
+        cls = INTERACTIONS[name]
+    except KeyError:
+        known = ", ".join(sorted(INTERACTIONS))
+        raise ValueError(f"unknown model {name!r}; known: {known}") from None
+    if cls is TransE:
+        return TransE(p=p, margin=margin)
+    if cls is RotatE:
+        return RotatE(margin=margin)
+    return cls()

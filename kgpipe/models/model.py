@@ -1,0 +1,120 @@
+"""A KGE model: an entity table, a relation table and an interaction.
+
+The tables are plain parameters; the trainer gathers the rows a batch touches and updates only
+those (see :mod:`kgpipe.training.optim`). With ``reciprocal=True`` the relation table has ``2R``
+rows: row ``r + R`` is the inverse of relation ``r``, and head queries ``(?, r, t)`` are answered as
+tail queries ``(t, r + R, ?)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import Tensor, nn
+
+from kgpipe.config import ModelConfig
+from kgpipe.models.interactions import Interaction, RotatE, get_interaction
+
+__all__ = ["KGEModel", "ModelSpec"]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Everything needed to rebuild a model's shapes and scoring (stored with its tensors)."""
+
+    name: str
+    dim: int
+    num_entities: int
+    num_relations: int
+    p: int = 2
+    margin: float = 0.0
+    reciprocal: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelSpec:
+        return cls(**json.loads(text))
+
+    @classmethod
+    def from_config(cls, cfg: ModelConfig, *, num_entities: int, num_relations: int) -> ModelSpec:
+        margin = cfg.margin if cfg.name in ("transe", "rotate") else 0.0
+        return cls(
+            name=cfg.name,
+            dim=cfg.dim,
+            num_entities=num_entities,
+            num_relations=num_relations,
+            p=cfg.p,
+            margin=margin,
+            reciprocal=cfg.reciprocal,
+        )
+
+
+class KGEModel(nn.Module):
+    """Entity and relation embedding tables scored by a stateless :class:`Interaction`."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.interaction: Interaction = get_interaction(spec.name, p=spec.p, margin=spec.margin)
+        rel_rows = spec.num_relations * (2 if spec.reciprocal else 1)
+        self.entity = nn.Parameter(torch.zeros(spec.num_entities, spec.dim), requires_grad=False)
+        self.relation = nn.Parameter(
+            torch.zeros(rel_rows, self.interaction.relation_dim(spec.dim)), requires_grad=False
+        )
+
+    # -- construction -------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls, cfg: ModelConfig, *, num_entities: int, num_relations: int, seed: int
+    ) -> KGEModel:
+        """A freshly initialised model; the draw depends only on ``seed``."""
+        model = cls(
+            ModelSpec.from_config(cfg, num_entities=num_entities, num_relations=num_relations)
+        )
+        gen = torch.Generator().manual_seed(seed)
+        model.reset_parameters(init=cfg.init, scale=cfg.init_scale, generator=gen)
+        return model
+
+    @torch.no_grad()
+    def reset_parameters(self, *, init: str, scale: float, generator: torch.Generator) -> None:
+        for table in (self.entity, self.relation):
+            if table is self.relation and isinstance(self.interaction, RotatE):
+                table.uniform_(-math.pi, math.pi, generator=generator)
+            elif init == "normal":
+                table.normal_(0.0, scale, generator=generator)
+            elif init == "uniform":
+                table.uniform_(-scale, scale, generator=generator)
+            elif init == "xavier":
+                bound = math.sqrt(6.0 / (table.shape[0] + table.shape[1]))
+                table.uniform_(-bound, bound, generator=generator)
+            else:
+                raise ValueError(f"unknown init {init!r}")
+
+    # -- scoring ------------------------------------------------------------------------------
+    def inverse(self, r: Tensor) -> Tensor:
+        """Ids of the inverse relations (reciprocal models only)."""
+        return r + self.spec.num_relations
+
+    @torch.no_grad()
+    def score_triples(self, triples: Tensor) -> Tensor:
+        """Scores ``(n,)`` of ``(head, relation, tail)`` id triples ``(n, 3)``."""
+        h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
+        e, rel = self.entity, self.relation
+        return self.interaction.score(e[h], rel[r], e[t])
+
+    @torch.no_grad()
+    def score_all_tails(self, h: Tensor, r: Tensor) -> Tensor:
+        """Scores ``(b, num_entities)`` of queries ``(h, r, ?)`` against every entity."""
+        return self.interaction.score_tails(self.entity[h], self.relation[r], self.entity)
+
+    @torch.no_grad()
+    def score_all_heads(self, r: Tensor, t: Tensor) -> Tensor:
+        """Scores ``(b, num_entities)`` of queries ``(?, r, t)`` against every entity."""
+        if self.spec.reciprocal:
+            return self.score_all_tails(t, self.inverse(r))
+        return self.interaction.score_heads(self.relation[r], self.entity[t], self.entity)

@@ -1,0 +1,151 @@
+"""Row-wise sparse optimisers for embedding tables.
+
+A step receives, per table, the ids of the rows a batch touched (unique) and their gradients.
+Only those rows and their optimiser state change; untouched rows keep both parameters and state
+("lazy" updates, as in PyTorch-BigGraph and torch's SparseAdam). On rows that are touched at every
+step this is exactly dense Adam / Adagrad (tested against ``torch.optim``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+__all__ = ["RowAdagrad", "RowAdam", "RowGrad", "RowOptimizer", "build_optimizer", "lr_at"]
+
+
+@dataclass
+class RowGrad:
+    """Gradient of a table restricted to its touched rows (``rows`` unique)."""
+
+    rows: Tensor  # int64 (u,)
+    values: Tensor  # float (u, d)
+
+
+class RowOptimizer:
+    """Base: holds per-table state tensors shaped like the tables."""
+
+    def __init__(self, tables: dict[str, Tensor], *, lr: float, eps: float) -> None:
+        self.tables = tables
+        self.lr = lr
+        self.eps = eps
+        self.step_count = 0
+
+    def step(self, grads: dict[str, RowGrad], *, lr: float | None = None) -> None:
+        self.step_count += 1
+        lr = self.lr if lr is None else lr
+        for name, g in grads.items():
+            if g.rows.numel():
+                self._update(name, g.rows, g.values, lr)
+
+    def _update(self, name: str, rows: Tensor, grad: Tensor, lr: float) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """State tensors keyed ``{table}.{slot}`` plus ``step`` (safetensors-friendly)."""
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        raise NotImplementedError
+
+
+class RowAdam(RowOptimizer):
+    """Adam with lazy row-wise moments; bias correction uses the global step count."""
+
+    def __init__(
+        self,
+        tables: dict[str, Tensor],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
+        super().__init__(tables, lr=lr, eps=eps)
+        self.beta1, self.beta2 = betas
+        self.exp_avg = {k: torch.zeros_like(t) for k, t in tables.items()}
+        self.exp_avg_sq = {k: torch.zeros_like(t) for k, t in tables.items()}
+
+    @torch.no_grad()
+    def _update(self, name: str, rows: Tensor, grad: Tensor, lr: float) -> None:
+        b1, b2 = self.beta1, self.beta2
+        m = self.exp_avg[name].index_select(0, rows).mul_(b1).add_(grad, alpha=1 - b1)
+        v = self.exp_avg_sq[name].index_select(0, rows).mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        self.exp_avg[name].index_copy_(0, rows, m)
+        self.exp_avg_sq[name].index_copy_(0, rows, v)
+        bc1 = 1 - b1**self.step_count
+        bc2 = 1 - b2**self.step_count
+        denom = v.sqrt().div_(math.sqrt(bc2)).add_(self.eps)
+        table = self.tables[name]
+        new = table.index_select(0, rows).addcdiv_(m, denom, value=-lr / bc1)
+        table.index_copy_(0, rows, new)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        out = {f"{k}.exp_avg": v for k, v in self.exp_avg.items()}
+        out.update({f"{k}.exp_avg_sq": v for k, v in self.exp_avg_sq.items()})
+        out["step"] = torch.tensor([self.step_count], dtype=torch.int64)
+        return out
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for k in self.tables:
+            self.exp_avg[k].copy_(state[f"{k}.exp_avg"])
+            self.exp_avg_sq[k].copy_(state[f"{k}.exp_avg_sq"])
+        self.step_count = int(state["step"][0])
+
+
+class RowAdagrad(RowOptimizer):
+    """Adagrad with lazy row-wise accumulators (zero gradients leave rows unchanged anyway)."""
+
+    def __init__(self, tables: dict[str, Tensor], *, lr: float, eps: float = 1e-10) -> None:
+        super().__init__(tables, lr=lr, eps=eps)
+        self.sum = {k: torch.zeros_like(t) for k, t in tables.items()}
+
+    @torch.no_grad()
+    def _update(self, name: str, rows: Tensor, grad: Tensor, lr: float) -> None:
+        acc = self.sum[name].index_select(0, rows).addcmul_(grad, grad)
+        self.sum[name].index_copy_(0, rows, acc)
+        table = self.tables[name]
+        new = table.index_select(0, rows).addcdiv_(grad, acc.sqrt().add_(self.eps), value=-lr)
+        table.index_copy_(0, rows, new)
+
+    def state_dict(self) -> dict[str, Tensor]:
+        out = {f"{k}.sum": v for k, v in self.sum.items()}
+        out["step"] = torch.tensor([self.step_count], dtype=torch.int64)
+        return out
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        for k in self.tables:
+            self.sum[k].copy_(state[f"{k}.sum"])
+        self.step_count = int(state["step"][0])
+
+
+def build_optimizer(
+    name: str,
+    tables: dict[str, Tensor],
+    *,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> RowOptimizer:
+    """The row-wise optimiser registered under ``name`` (``adam`` or ``adagrad``)."""
+    if name == "adam":
+        return RowAdam(tables, lr=lr, betas=betas, eps=eps)
+    if name == "adagrad":
+        return RowAdagrad(tables, lr=lr, eps=eps)
+    raise ValueError(f"unknown optimizer {name!r}; known: adagrad, adam")
+
+
+def lr_at(step: int, *, base: float, warmup_steps: int, total_steps: int, schedule: str) -> float:
+    """Learning rate of (0-based) ``step``: linear warm-up, then constant/cosine/linear decay."""
+    if warmup_steps and step < warmup_steps:
+        return base * (step + 1) / warmup_steps
+    if schedule == "constant" or total_steps <= warmup_steps:
+        return base
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    if schedule == "cosine":
+        return base * 0.5 * (1.0 + math.cos(math.pi * progress))
+    if schedule == "linear":
+        return base * (1.0 - progress)
+    raise ValueError(f"unknown schedule {schedule!r}")

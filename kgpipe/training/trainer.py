@@ -1,0 +1,499 @@
+"""The training loop: one process here, written so that every rank of a gang can run it.
+
+A step is three explicit phases:
+
+1. :meth:`Trainer.compute_gradients` -- this rank's share of the global batch gives a loss and,
+   per table, the gradient of the rows it touched (:class:`~kgpipe.training.optim.RowGrad`). The
+   loss is normalised by the *global* batch, so summing the ranks' gradients gives exactly the
+   single-process gradient.
+2. ``aggregate`` -- a hook (identity in one process) where a distributed run exchanges gradients.
+3. the row-wise optimiser applies the (clipped) gradients to the touched rows only.
+
+Randomness: every epoch draws its permutation and its negatives from one ``torch.Generator``
+seeded by ``(seed, epoch, rank)``; nothing else is random, so the same config and seed give
+bit-identical parameters on CPU, and a run resumed at an epoch boundary replays the same draws.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kgpipe.config import RegularizerConfig, TrainingConfig
+from kgpipe.models.interactions import ComplEx, RotatE
+from kgpipe.models.model import KGEModel
+from kgpipe.training.losses import negative_sampling_loss, one_vs_all_loss
+from kgpipe.training.optim import RowGrad, RowOptimizer, build_optimizer, lr_at
+
+__all__ = [
+    "Callback",
+    "EpochStats",
+    "StepResult",
+    "Trainer",
+    "derive_seed",
+]
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed derived from integers (e.g. seed, epoch, rank) by NumPy's SeedSequence."""
+    state = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint32)
+    return (int(state[0]) << 31) ^ int(state[1])
+
+
+@dataclass
+class StepResult:
+    """What one rank computed for one step."""
+
+    loss_sum: float  # sum of per-query losses of this rank (before normalisation)
+    queries: int  # queries this rank scored
+    grads: dict[str, RowGrad]
+
+
+@dataclass
+class EpochStats:
+    """Per-epoch numbers; callbacks may add entries to ``extra`` (e.g. validation metrics)."""
+
+    epoch: int
+    loss: float
+    triples: int
+    seconds: float
+    lr: float
+    steps: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def triples_per_s(self) -> float:
+        return self.triples / self.seconds if self.seconds > 0 else float("nan")
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "epoch": self.epoch,
+            "loss": self.loss,
+            "triples": self.triples,
+            "triples_per_s": self.triples_per_s,
+            "seconds": self.seconds,
+            "lr": self.lr,
+            "steps": self.steps,
+        }
+        out.update(self.extra)
+        return out
+
+
+class Callback:
+    """Hooks into the training loop; override what you need (all are no-ops)."""
+
+    def on_train_start(self, trainer: Trainer) -> None:
+        """Before the first epoch."""
+
+    def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+        """Before an epoch (1-based ``epoch``)."""
+
+    def on_batch_end(
+        self, trainer: Trainer, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        """After a step: ``step`` of ``steps`` in this epoch, the step's mean loss."""
+
+    def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None:
+        """After an epoch; may add to ``stats.extra``."""
+
+    def on_train_end(self, trainer: Trainer) -> None:
+        """After the last epoch."""
+
+
+Aggregate = Callable[[dict[str, RowGrad]], dict[str, RowGrad]]
+
+
+class _KvsAllIndex:
+    """Training queries ``(anchor, relation, side)`` with their true answers in CSR form."""
+
+    def __init__(self, train: Tensor, num_relations: int, reciprocal: bool) -> None:
+        h, r, t = train[:, 0], train[:, 1], train[:, 2]
+        if reciprocal:
+            anchors = torch.cat((h, t))
+            rels = torch.cat((r, r + num_relations))
+            answers = torch.cat((t, h))
+            sides = torch.zeros(anchors.shape[0], dtype=torch.long)
+            nrel = 2 * num_relations
+        else:
+            anchors = torch.cat((h, t))
+            rels = torch.cat((r, r))
+            answers = torch.cat((t, h))
+            sides = torch.cat((torch.zeros_like(h), torch.ones_like(t)))
+            nrel = num_relations
+        key = (sides * (int(anchors.max()) + 1) + anchors) * nrel + rels
+        order = torch.argsort(key, stable=True)
+        key, answers = key[order], answers[order]
+        _, counts = torch.unique_consecutive(key, return_counts=True)
+        first = torch.cumsum(counts, 0) - counts
+        o = order[first]
+        self.anchor = anchors[o]
+        self.relation = rels[o]
+        self.side = sides[o]
+        self.offsets = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)))
+        self.answers = answers
+
+    def __len__(self) -> int:
+        return int(self.anchor.shape[0])
+
+    def labels(self, queries: Tensor, num_entities: int) -> Tensor:
+        start, end = self.offsets[queries], self.offsets[queries + 1]
+        counts = end - start
+        row = torch.repeat_interleave(torch.arange(queries.shape[0]), counts)
+        pos = torch.repeat_interleave(start - torch.cumsum(counts, 0) + counts, counts)
+        pos = pos + torch.arange(row.shape[0])
+        out = torch.zeros(queries.shape[0], num_entities)
+        out[row, self.answers[pos]] = 1.0
+        return out
+
+
+class Trainer:
+    """Trains a :class:`KGEModel` in place on integer triples ``(n, 3)``."""
+
+    def __init__(
+        self,
+        model: KGEModel,
+        train: Tensor,
+        *,
+        training: TrainingConfig,
+        regularizer: RegularizerConfig,
+        seed: int,
+        rank: int = 0,
+        callbacks: Sequence[Callback] = (),
+        aggregate: Aggregate | None = None,
+        optimizer: RowOptimizer | None = None,
+    ) -> None:
+        if train.ndim != 2 or train.shape[1] != 3:
+            raise ValueError("train must have shape (n, 3)")
+        self.model = model
+        self.train_triples = train.long()
+        self.cfg = training
+        self.reg = regularizer
+        self.seed = seed
+        self.rank = rank
+        self.callbacks = list(callbacks)
+        self.aggregate = aggregate
+        self.tables = {"entity": model.entity.data, "relation": model.relation.data}
+        self.optimizer = optimizer or build_optimizer(
+            training.optimizer, self.tables, lr=training.lr, betas=training.betas, eps=training.eps
+        )
+        self.kvsall = (
+            _KvsAllIndex(self.train_triples, model.spec.num_relations, model.spec.reciprocal)
+            if training.mode == "kvsall"
+            else None
+        )
+        self.epoch = 0  # epochs completed
+        self.global_step = 0
+        self.history: list[EpochStats] = []
+        self.stop_requested = False
+
+    # -- schedule -------------------------------------------------------------------------------
+    @property
+    def examples_per_epoch(self) -> int:
+        return len(self.kvsall) if self.kvsall is not None else int(self.train_triples.shape[0])
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return math.ceil(self.examples_per_epoch / self.cfg.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.cfg.epochs
+
+    def current_lr(self) -> float:
+        c = self.cfg
+        return lr_at(
+            self.global_step,
+            base=c.lr,
+            warmup_steps=c.warmup_steps,
+            total_steps=self.total_steps,
+            schedule=c.schedule,
+        )
+
+    def generator(self, epoch: int) -> torch.Generator:
+        """The generator of all random draws of ``epoch`` (1-based) on this rank."""
+        return torch.Generator().manual_seed(derive_seed(self.seed, epoch, self.rank))
+
+    # -- gradients ------------------------------------------------------------------------------
+    def _gather(self, name: str, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Unique touched rows, a leaf copy of them requiring grad, and the inverse index."""
+        rows, inv = torch.unique(ids, return_inverse=True)
+        leaf = self.tables[name].index_select(0, rows).requires_grad_(True)
+        return rows, leaf, inv
+
+    def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+        kind, w = self.reg.type, self.reg.weight
+        if kind == "none" or w == 0.0:
+            return h.new_zeros(())
+        inter = self.model.interaction
+        if kind == "n3":
+
+            def n3(x: Tensor, complex_valued: bool) -> Tensor:
+                if complex_valued:
+                    re, im = x.chunk(2, dim=-1)
+                    return (re * re + im * im).clamp_min(1e-30).pow(1.5).sum()
+                return x.abs().pow(3).sum()
+
+            cplx = isinstance(inter, ComplEx | RotatE)
+            rel_cplx = isinstance(inter, ComplEx)
+            return w * (n3(h, cplx) + n3(t, cplx) + n3(r, rel_cplx))
+        return w * sum(x.abs().pow(self.reg.p).sum() for x in (h, r, t))
+
+    def compute_gradients(
+        self, batch: Tensor, negatives: Tensor | None, *, global_queries: int, global_batch: int
+    ) -> StepResult:
+        """Loss and row gradients of this rank's part of a step.
+
+        ``batch`` holds this rank's positives ``(b, 3)`` (or, in KvsAll mode, query ids ``(b,)``);
+        ``negatives`` the shared negative entities ``(chunks, n)`` of its chunks.
+        """
+        mode = self.cfg.mode
+        if mode == "negative_sampling":
+            assert negatives is not None
+            return self._ns_gradients(batch, negatives, global_queries, global_batch)
+        if mode == "1vsall":
+            return self._one_vs_all_gradients(batch, global_queries, global_batch)
+        return self._kvsall_gradients(batch, global_queries)
+
+    def _side_chunks(self, batch: Tensor, num_chunks: int) -> tuple[Tensor, Tensor]:
+        """Pad a side's positives to ``num_chunks`` chunks: triples ``(c, C, 3)``, weights."""
+        c = self.cfg.chunk_size
+        n = batch.shape[0]
+        pad = num_chunks * c - n
+        weights = torch.ones(num_chunks * c)
+        if pad:
+            batch = torch.cat((batch, batch[:1].expand(pad, 3)))
+            weights[n:] = 0.0
+        return batch.view(num_chunks, c, 3), weights
+
+    def _ns_gradients(
+        self, batch: Tensor, negatives: Tensor, global_queries: int, global_batch: int
+    ) -> StepResult:
+        inter = self.model.interaction
+        spec = self.model.spec
+        n_tail = (batch.shape[0] + 1) // 2
+        sides = [("tail", batch[:n_tail]), ("head", batch[n_tail:])]
+        chunk_counts = [math.ceil(s.shape[0] / self.cfg.chunk_size) for _, s in sides]
+        assert sum(chunk_counts) == negatives.shape[0], "one negative set per chunk"
+
+        parts = []
+        for (side, pos), nc in zip(sides, chunk_counts, strict=True):
+            if nc:
+                parts.append((side, *self._side_chunks(pos, nc)))
+        ent_ids = torch.cat(
+            [p[1][..., [0, 2]].reshape(-1) for p in parts] + [negatives.reshape(-1)]
+        )
+        # with reciprocal relations, head-side chunks query the inverse relation
+        inv_offset = {"tail": 0, "head": spec.num_relations if spec.reciprocal else 0}
+        rel_ids = torch.cat([p[1][..., 1].reshape(-1) + inv_offset[p[0]] for p in parts])
+        ent_rows, ent, ent_inv = self._gather("entity", ent_ids)
+        rel_rows, rel, rel_inv = self._gather("relation", rel_ids)
+
+        total = ent.new_zeros(())
+        loss_sum = 0.0
+        e_off = r_off = 0
+        reg_h, reg_r, reg_t = [], [], []
+        neg_off = sum(p[1][..., [0, 2]].numel() for p in parts)
+        chunk_off = 0
+        for side, triples, weights in parts:
+            nc, c = triples.shape[:2]
+            ht = ent[ent_inv[e_off : e_off + nc * c * 2]].view(nc, c, 2, -1)
+            e_off += nc * c * 2
+            h, t = ht[:, :, 0], ht[:, :, 1]
+            r = rel[rel_inv[r_off : r_off + nc * c]].view(nc, c, -1)
+            r_off += nc * c
+            n = negatives.shape[1]
+            neg_idx = ent_inv[neg_off + chunk_off * n : neg_off + (chunk_off + nc) * n]
+            cand = ent[neg_idx].view(nc, n, -1)
+            chunk_off += nc
+            pos_score = inter.score(h, r, t).reshape(-1)
+            if side == "tail":
+                neg_score = inter.score_tails(h, r, cand)
+            elif spec.reciprocal:
+                pos_score = inter.score(t, r, h).reshape(-1)
+                neg_score = inter.score_tails(t, r, cand)
+            else:
+                neg_score = inter.score_heads(r, t, cand)
+            per = negative_sampling_loss(
+                self.cfg.loss,
+                pos_score,
+                neg_score.reshape(-1, n),
+                margin=self.cfg.margin,
+                temperature=self.cfg.adversarial_temperature,
+                label_smoothing=self.cfg.label_smoothing,
+            )
+            weighted = (per * weights).sum()
+            total = total + weighted / global_queries
+            loss_sum += float(weighted.detach())
+            real = weights.bool()
+            reg_h.append(h.reshape(nc * c, -1)[real])
+            reg_t.append(t.reshape(nc * c, -1)[real])
+            reg_r.append(r.reshape(nc * c, -1)[real])
+        if self.reg.type != "none" and self.reg.weight:
+            reg = self._regularization(torch.cat(reg_h), torch.cat(reg_r), torch.cat(reg_t))
+            total = total + reg / global_batch
+        total.backward()
+        n_real = int(batch.shape[0])
+        return StepResult(
+            loss_sum=loss_sum,
+            queries=n_real,
+            grads={
+                "entity": RowGrad(ent_rows, ent.grad),
+                "relation": RowGrad(rel_rows, rel.grad),
+            },
+        )
+
+    def _all_entities(self) -> tuple[Tensor, Tensor]:
+        table = self.tables["entity"]
+        rows = torch.arange(table.shape[0])
+        return rows, table.detach().clone().requires_grad_(True)
+
+    def _one_vs_all_gradients(
+        self, batch: Tensor, global_queries: int, global_batch: int
+    ) -> StepResult:
+        inter = self.model.interaction
+        spec = self.model.spec
+        h_id, r_id, t_id = batch[:, 0], batch[:, 1], batch[:, 2]
+        ent_rows, ent = self._all_entities()
+        rel_ids = torch.cat((r_id, r_id + spec.num_relations)) if spec.reciprocal else r_id
+        rel_rows, rel, rel_inv = self._gather("relation", rel_ids)
+        b = batch.shape[0]
+        h, t = ent[h_id], ent[t_id]
+        r = rel[rel_inv[:b]]
+        tail_scores = inter.score_tails(h, r, ent)
+        if spec.reciprocal:
+            head_scores = inter.score_tails(t, rel[rel_inv[b:]], ent)
+        else:
+            head_scores = inter.score_heads(r, t, ent)
+        ls = self.cfg.label_smoothing
+        per = torch.cat(
+            (
+                one_vs_all_loss(self.cfg.loss, tail_scores, t_id, label_smoothing=ls),
+                one_vs_all_loss(self.cfg.loss, head_scores, h_id, label_smoothing=ls),
+            )
+        )
+        loss = per.sum()
+        total = loss / global_queries
+        if self.reg.type != "none" and self.reg.weight:
+            total = total + self._regularization(h, r, t) / global_batch
+        total.backward()
+        return StepResult(
+            loss_sum=float(loss.detach()),
+            queries=2 * b,
+            grads={"entity": RowGrad(ent_rows, ent.grad), "relation": RowGrad(rel_rows, rel.grad)},
+        )
+
+    def _kvsall_gradients(self, queries: Tensor, global_queries: int) -> StepResult:
+        assert self.kvsall is not None
+        inter = self.model.interaction
+        idx = self.kvsall
+        ent_rows, ent = self._all_entities()
+        anchors, rels, sides = idx.anchor[queries], idx.relation[queries], idx.side[queries]
+        rel_rows, rel, rel_inv = self._gather("relation", rels)
+        a, r = ent[anchors], rel[rel_inv]
+        tail = (sides == 0).nonzero().squeeze(-1)
+        head = (sides == 1).nonzero().squeeze(-1)
+        order = torch.cat((tail, head))
+        labels = idx.labels(queries[order], ent.shape[0])
+        scores = torch.cat(
+            (inter.score_tails(a[tail], r[tail], ent), inter.score_heads(r[head], a[head], ent))
+        )
+        loss = one_vs_all_loss(
+            "bce", scores, labels, label_smoothing=self.cfg.label_smoothing
+        ).sum()
+        (loss / global_queries).backward()
+        return StepResult(
+            loss_sum=float(loss.detach()),
+            queries=int(queries.shape[0]),
+            grads={"entity": RowGrad(ent_rows, ent.grad), "relation": RowGrad(rel_rows, rel.grad)},
+        )
+
+    # -- optimisation ---------------------------------------------------------------------------
+    def _clip(self, grads: dict[str, RowGrad]) -> None:
+        max_norm = self.cfg.clip_grad_norm
+        if max_norm is None:
+            return
+        norm = math.sqrt(sum(float(g.values.pow(2).sum()) for g in grads.values()))
+        if norm > max_norm:
+            scale = max_norm / (norm + 1e-12)
+            for g in grads.values():
+                g.values.mul_(scale)
+
+    def _draw_negatives(self, batch_size: int, gen: torch.Generator) -> Tensor | None:
+        """The shared negatives ``(chunks, n)`` of a global batch (negative sampling only).
+
+        The whole global batch's negatives are drawn in one call, so the draw does not depend on
+        how a distributed run later splits the chunks across ranks.
+        """
+        if self.cfg.mode != "negative_sampling":
+            return None
+        c = self.cfg.chunk_size
+        n_tail = (batch_size + 1) // 2
+        n_chunks = math.ceil(n_tail / c) + math.ceil((batch_size - n_tail) / c)
+        return torch.randint(
+            0, self.model.spec.num_entities, (n_chunks, self.cfg.negatives), generator=gen
+        )
+
+    def train_epoch(self) -> EpochStats:
+        """Run one epoch; returns its stats (also appended to :attr:`history`)."""
+        epoch = self.epoch + 1
+        for cb in self.callbacks:
+            cb.on_epoch_start(self, epoch)
+        gen = self.generator(epoch)
+        n = self.examples_per_epoch
+        perm = torch.randperm(n, generator=gen)
+        steps = self.steps_per_epoch
+        bs = self.cfg.batch_size
+        loss_total, queries_total = 0.0, 0
+        start = time.perf_counter()
+        lr = self.current_lr()
+        for step in range(steps):
+            ids = perm[step * bs : (step + 1) * bs]
+            batch = ids if self.kvsall is not None else self.train_triples[ids]
+            b = int(batch.shape[0])
+            negatives = self._draw_negatives(b, gen)
+            global_queries = 2 * b if self.cfg.mode == "1vsall" else b
+            result = self.compute_gradients(
+                batch, negatives, global_queries=global_queries, global_batch=b
+            )
+            grads = self.aggregate(result.grads) if self.aggregate else result.grads
+            self._clip(grads)
+            lr = self.current_lr()
+            self.optimizer.step(grads, lr=lr)
+            self.global_step += 1
+            loss_total += result.loss_sum
+            queries_total += result.queries
+            step_loss = result.loss_sum / max(1, result.queries)
+            for cb in self.callbacks:
+                cb.on_batch_end(self, epoch, step + 1, steps, step_loss)
+        seconds = time.perf_counter() - start
+        self.epoch = epoch
+        stats = EpochStats(
+            epoch=epoch,
+            loss=loss_total / max(1, queries_total),
+            triples=n if self.kvsall is None else int(self.train_triples.shape[0]),
+            seconds=seconds,
+            lr=lr,
+            steps=steps,
+        )
+        for cb in self.callbacks:
+            cb.on_epoch_end(self, stats)
+        self.history.append(stats)
+        return stats
+
+    def fit(self, epochs: int | None = None) -> list[EpochStats]:
+        """Train until ``training.epochs`` (or ``epochs`` more) epochs are done."""
+        target = self.cfg.epochs if epochs is None else self.epoch + epochs
+        for cb in self.callbacks:
+            cb.on_train_start(self)
+        while self.epoch < target and not self.stop_requested:
+            self.train_epoch()
+        for cb in self.callbacks:
+            cb.on_train_end(self)
+        return self.history

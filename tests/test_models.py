@@ -1,0 +1,105 @@
+"""Interactions: 1-vs-many scoring agrees with per-triple scoring; gradients match finite differences."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kgpipe.models import INTERACTIONS, ComplEx, DistMult, Interaction, KGEModel, RotatE, TransE
+from kgpipe.config import ModelConfig
+
+CASES: dict[str, list[Interaction]] = {
+    "transe": [TransE(p=1, margin=2.0), TransE(p=2, margin=0.0)],
+    "distmult": [DistMult()],
+    "complex": [ComplEx()],
+    "rotate": [RotatE(margin=3.0)],
+}
+ALL = [i for cases in CASES.values() for i in cases]
+
+
+def test_every_registered_interaction_is_tested() -> None:
+    assert set(CASES) == set(INTERACTIONS)
+
+
+def _emb(inter: Interaction, *shape: int, dim: int = 6, rel: bool = False) -> torch.Tensor:
+    d = inter.relation_dim(dim) if rel else dim
+    return torch.randn(*shape, d, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("inter", ALL, ids=lambda i: f"{i.name}-{getattr(i, 'p', '')}")
+def test_score_tails_and_heads_match_score(inter: Interaction) -> None:
+    torch.manual_seed(0)
+    g, b, n = 3, 4, 5
+    h, t = _emb(inter, g, b), _emb(inter, g, b)
+    r = _emb(inter, g, b, rel=True)
+    cand = _emb(inter, g, n)
+    tails = inter.score_tails(h, r, cand)
+    heads = inter.score_heads(r, t, cand)
+    assert tails.shape == heads.shape == (g, b, n)
+    for j in range(n):
+        c = cand[:, j : j + 1].expand(g, b, -1)
+        torch.testing.assert_close(tails[..., j], inter.score(h, r, c))
+        torch.testing.assert_close(heads[..., j], inter.score(c, r, t))
+    # 2-D (1-vs-all) form
+    torch.testing.assert_close(inter.score_tails(h[0], r[0], cand[0]), tails[0])
+
+
+@pytest.mark.parametrize("inter", ALL, ids=lambda i: f"{i.name}-{getattr(i, 'p', '')}")
+def test_gradients_match_finite_differences(inter: Interaction) -> None:
+    torch.manual_seed(1)
+    b, n = 2, 3
+    h = _emb(inter, b, dim=4).requires_grad_()
+    r = _emb(inter, b, dim=4, rel=True).requires_grad_()
+    t = _emb(inter, b, dim=4).requires_grad_()
+    cand = _emb(inter, n, dim=4).requires_grad_()
+    assert torch.autograd.gradcheck(inter.score, (h, r, t))
+    assert torch.autograd.gradcheck(inter.score_tails, (h, r, cand))
+    assert torch.autograd.gradcheck(inter.score_heads, (r, t, cand))
+
+
+def test_hand_computed_scores() -> None:
+    h = torch.tensor([1.0, 2.0])
+    r = torch.tensor([0.5, -1.0])
+    t = torch.tensor([2.0, 0.0])
+    assert DistMult().score(h, r, t).item() == pytest.approx(1.0)
+    assert TransE(p=1).score(h, r, t).item() == pytest.approx(-1.5)
+    assert TransE(p=2).score(h, r, t).item() == pytest.approx(-(0.25 + 1.0) ** 0.5)
+    # ComplEx with one component: h = 1+2i, r = 0.5-1i, t = 2+0i: Re(h r conj t) = Re((2.5 + 0i) * 2)
+    assert ComplEx().score(h, r, t).item() == pytest.approx(5.0)
+    # RotatE: h = 1+2i rotated by pi/2 -> -2+1i; t = 2 + 0i; |(-4) + 1i| = sqrt(17)
+    phase = torch.tensor([torch.pi / 2])
+    assert RotatE().score(h, phase, t).item() == pytest.approx(-(17**0.5), rel=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(INTERACTIONS))
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_model_all_entity_scoring(name: str, reciprocal: bool) -> None:
+    model = KGEModel.build(
+        ModelConfig(name=name, dim=8, reciprocal=reciprocal, init="uniform", init_scale=1.0),
+        num_entities=7,
+        num_relations=3,
+        seed=0,
+    )
+    h, r, t = torch.tensor([0, 5]), torch.tensor([2, 1]), torch.tensor([3, 3])
+    tails = model.score_all_tails(h, r)
+    heads = model.score_all_heads(r, t)
+    assert tails.shape == heads.shape == (2, 7)
+    for e in range(7):
+        col = torch.full((2,), e)
+        torch.testing.assert_close(tails[:, e], model.score_triples(torch.stack((h, r, col), 1)))
+        if reciprocal:
+            inv = torch.stack((t, model.inverse(r), col), 1)
+            torch.testing.assert_close(heads[:, e], model.score_triples(inv))
+        else:
+            torch.testing.assert_close(heads[:, e], model.score_triples(torch.stack((col, r, t), 1)))
+
+
+def test_build_is_deterministic_per_seed() -> None:
+    cfg = ModelConfig(name="rotate", dim=8)
+    a = KGEModel.build(cfg, num_entities=5, num_relations=2, seed=3)
+    b = KGEModel.build(cfg, num_entities=5, num_relations=2, seed=3)
+    c = KGEModel.build(cfg, num_entities=5, num_relations=2, seed=4)
+    assert torch.equal(a.entity, b.entity) and torch.equal(a.relation, b.relation)
+    assert not torch.equal(a.entity, c.entity)
+    assert a.relation.shape == (2, 4)  # RotatE relations: dim/2 phases
+    assert float(a.relation.abs().max()) <= torch.pi
