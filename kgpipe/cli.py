@@ -80,8 +80,13 @@ def _print_metrics(console: Any, results: dict[str, Any], title: str) -> None:
     for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
         table.add_column(k, justify="right")
     for side, m in (("both", results), ("head", results["head"]), ("tail", results["tail"])):
-        table.add_row(side, *(f"{m[k]:.4f}" if k != "mr" else f"{m[k]:.1f}" for k in
-                              ("mrr", "mr", "hits@1", "hits@3", "hits@10")))
+        table.add_row(
+            side,
+            *(
+                f"{m[k]:.4f}" if k != "mr" else f"{m[k]:.1f}"
+                for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+            ),
+        )
     console.print(table)
 
 
@@ -98,7 +103,9 @@ def _cmd_train(args: argparse.Namespace, console: Any) -> int:
         log=None if args.quiet else console.log,
     )
     if result.results is not None:
-        _print_metrics(console, result.results, f"test ({result.results['triples']} triples, filtered)")
+        _print_metrics(
+            console, result.results, f"test ({result.results['triples']} triples, filtered)"
+        )
     console.print(f"run folder: {result.url}  ({result.seconds:.1f} s)")
     return 0
 
@@ -134,7 +141,9 @@ def _cmd_predict(args: argparse.Namespace, console: Any) -> int:
     from kgpipe.run import load_run
 
     if (args.head is None) == (args.tail is None):
-        raise KgpipeError("give exactly one of --head (to predict tails) or --tail (to predict heads)")
+        raise KgpipeError(
+            "give exactly one of --head (to predict tails) or --tail (to predict heads)"
+        )
     run = load_run(args.run)
     vocab, model = run.vocab, run.model
     r = torch.tensor([vocab.relation_id(args.relation)])
@@ -154,9 +163,14 @@ def _cmd_predict(args: argparse.Namespace, console: Any) -> int:
         known = set(train[mask, known_col].tolist())
     top = torch.topk(scores, min(args.top, scores.numel()))
     side = "tail" if args.head is not None else "head"
-    table = Table(title=f"top {args.top} {side}s for "
-                  + (f"({args.head}, {args.relation}, ?)" if args.head is not None
-                     else f"(?, {args.relation}, {args.tail})"))
+    table = Table(
+        title=f"top {args.top} {side}s for "
+        + (
+            f"({args.head}, {args.relation}, ?)"
+            if args.head is not None
+            else f"(?, {args.relation}, {args.tail})"
+        )
+    )
     table.add_column("#", justify="right")
     table.add_column(side)
     table.add_column("score", justify="right")
@@ -222,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KgpipeError as err:
         from rich.markup import escape
 
-        console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False)
+        console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         console.print("interrupted")

@@ -26,9 +26,11 @@ __all__ = [
     "RunSection",
     "TrainingConfig",
     "apply_overrides",
+    "clean_storage_options",
     "config_to_yaml",
     "load_config",
     "parse_config",
+    "redact_secrets",
 ]
 
 
@@ -359,7 +361,41 @@ def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
     return parse_config(apply_overrides(data, overrides), source=url)
 
 
-def config_to_yaml(config: RunConfig) -> str:
-    """The resolved config as YAML (round-trips through :func:`parse_config`)."""
+REDACTED = "***redacted***"
+_SECRET_WORDS = ("secret", "password", "token", "credential", "key")
+
+
+def _redact(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {
+            k: REDACTED
+            if isinstance(v, str) and any(w in k.lower() for w in _SECRET_WORDS)
+            else _redact(v)
+            for k, v in node.items()
+        }
+    if isinstance(node, list):
+        return [_redact(v) for v in node]
+    return node
+
+
+def redact_secrets(config: RunConfig) -> dict[str, Any]:
+    """The config as plain data with credential-like storage options replaced by a marker."""
     data = config.model_dump(mode="json")
-    return yaml.safe_dump(data, sort_keys=False)
+    for section in ("run", "data"):
+        data[section]["storage_options"] = _redact(data[section]["storage_options"])
+    return data
+
+
+def clean_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Storage options without redacted entries (so that s3fs falls back to the environment)."""
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if v == REDACTED:
+            continue
+        out[k] = clean_storage_options(v) if isinstance(v, Mapping) else v
+    return out
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    """The resolved config as YAML, credentials redacted (see :func:`redact_secrets`)."""
+    return yaml.safe_dump(redact_secrets(config), sort_keys=False)

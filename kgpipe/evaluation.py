@@ -52,7 +52,9 @@ class FilterIndex:
 
     def answers(self, side: str, anchors: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]:
         """Pairs ``(query index, entity)`` of every known answer of each query."""
-        keys, values = (self.tail_keys, self.tails) if side == "tail" else (self.head_keys, self.heads)
+        keys, values = (
+            (self.tail_keys, self.tails) if side == "tail" else (self.head_keys, self.heads)
+        )
         q = anchors * self.num_relations + relations
         start = torch.searchsorted(keys, q, side="left")
         end = torch.searchsorted(keys, q, side="right")
@@ -63,7 +65,9 @@ class FilterIndex:
         return rows, values[pos]
 
 
-def realistic_ranks(scores: Tensor, targets: Tensor, filter_rows: Tensor, filter_cols: Tensor) -> Tensor:
+def realistic_ranks(
+    scores: Tensor, targets: Tensor, filter_rows: Tensor, filter_cols: Tensor
+) -> Tensor:
     """Filtered realistic ranks ``(b,)`` of ``targets`` in ``scores`` ``(b, n)``.
 
     ``(filter_rows, filter_cols)`` are positions of known true answers; they (and the target
@@ -83,7 +87,11 @@ def rank_metrics(ranks: Tensor) -> dict[str, float]:
     """MRR, MR and Hits@1/3/10 of (realistic) ranks."""
     ranks = ranks.double()
     if ranks.numel() == 0:
-        return {"mrr": float("nan"), "mr": float("nan"), **{f"hits@{k}": float("nan") for k in HITS_AT}}
+        return {
+            "mrr": float("nan"),
+            "mr": float("nan"),
+            **{f"hits@{k}": float("nan") for k in HITS_AT},
+        }
     out = {"mrr": float((1.0 / ranks).mean()), "mr": float(ranks.mean())}
     for k in HITS_AT:
         out[f"hits@{k}"] = float((ranks <= k).double().mean())

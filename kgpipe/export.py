@@ -46,7 +46,10 @@ SCORING = {
 
 def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
     """Write the tables and spec as safetensors (no pickle)."""
-    tensors = {"entity": model.entity.data.contiguous(), "relation": model.relation.data.contiguous()}
+    tensors = {
+        "entity": model.entity.data.contiguous(),
+        "relation": model.relation.data.contiguous(),
+    }
     store.write_bytes(rel, st_save(tensors, metadata={"kgpipe_model": model.spec.to_json()}))
 
 
@@ -76,7 +79,9 @@ def relation_labels(vocab: Vocabulary, spec: ModelSpec) -> list[str]:
     return labels
 
 
-def _table_parquet(ids: np.ndarray, labels: list[str], emb: np.ndarray, meta: dict[str, str]) -> bytes:
+def _table_parquet(
+    ids: np.ndarray, labels: list[str], emb: np.ndarray, meta: dict[str, str]
+) -> bytes:
     dim = emb.shape[1]
     flat = pa.array(emb.astype(np.float32, copy=False).reshape(-1), type=pa.float32())
     offsets = pa.array(np.arange(0, (emb.shape[0] + 1) * dim, dim, dtype=np.int32))

@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import yaml
 from torch import Tensor
 
-from kgpipe.config import RunConfig, config_to_yaml, load_config, parse_config
+from kgpipe.config import RunConfig, clean_storage_options, config_to_yaml, parse_config
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, evaluate
@@ -76,9 +77,7 @@ class _MetricsWriter(Callback):
 class _Validation(Callback):
     """Filtered validation every ``every`` epochs; adds ``valid_*`` entries to the epoch stats."""
 
-    def __init__(
-        self, dataset: TripleDataset, index: FilterIndex, config: RunConfig
-    ) -> None:
+    def __init__(self, dataset: TripleDataset, index: FilterIndex, config: RunConfig) -> None:
         self.dataset = dataset
         self.index = index
         self.cfg = config.evaluation
@@ -97,7 +96,9 @@ class _Validation(Callback):
             batch_size=self.cfg.batch_size,
             sampled=self.cfg.sampled,
         )
-        stats.extra.update({f"valid_{k}": m[k] for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")})
+        stats.extra.update(
+            {f"valid_{k}": m[k] for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")}
+        )
         stats.extra["valid_candidates"] = m["candidates"]
         stats.extra["valid_seconds"] = time.perf_counter() - t0
 
@@ -212,11 +213,24 @@ class LoadedRun:
 
 
 def open_run(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, RunConfig]:
-    """The store and resolved config of the run folder at ``url``."""
+    """The store and resolved config of the run folder at ``url``.
+
+    Credentials are never stored in ``config.yaml``: ``storage_options`` given here supply them
+    for the run root, the environment (e.g. ``AWS_ACCESS_KEY_ID``) for the data.
+    """
     store = Store(url, storage_options)
     if not store.exists("config.yaml"):
         raise RunError(f"{url}: not a kgpipe run folder (no config.yaml)")
-    return store, load_config(store.url_of("config.yaml"))
+    try:
+        raw = yaml.safe_load(store.read_text("config.yaml"))
+    except yaml.YAMLError as err:
+        raise RunError(f"{store.url_of('config.yaml')}: unreadable ({err})") from None
+    for section in ("run", "data"):
+        opts = clean_storage_options(raw.get(section, {}).get("storage_options", {}))
+        if section == "run":
+            opts = {**opts, **(storage_options or {})}
+        raw.setdefault(section, {})["storage_options"] = opts
+    return store, parse_config(raw, source=store.url_of("config.yaml"))
 
 
 def load_run(url: str, storage_options: dict[str, Any] | None = None) -> LoadedRun:
@@ -249,6 +263,9 @@ def evaluate_run(
     cfg = run.config
     if batch_size is not None:
         cfg = parse_config(
-            {**cfg.model_dump(mode="json"), "evaluation": {**cfg.evaluation.model_dump(), "batch_size": batch_size}}
+            {
+                **cfg.model_dump(mode="json"),
+                "evaluation": {**cfg.evaluation.model_dump(), "batch_size": batch_size},
+            }
         )
     return _results(cfg, run.model, triples, _filter_index(dataset), split)

@@ -111,8 +111,12 @@ def test_rank_metrics_hand_computed() -> None:
 
 def test_sampled_mode_is_labelled_and_exact_against_its_candidates() -> None:
     ne, nr = 40, 3
-    model = KGEModel.build(ModelConfig(name="distmult", dim=4, init="uniform", init_scale=1.0),
-                           num_entities=ne, num_relations=nr, seed=0)
+    model = KGEModel.build(
+        ModelConfig(name="distmult", dim=4, init="uniform", init_scale=1.0),
+        num_entities=ne,
+        num_relations=nr,
+        seed=0,
+    )
     train = _random_triples(100, ne, nr, 5)
     test = _random_triples(12, ne, nr, 6)
     index = FilterIndex.from_triples([train, test], nr)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kgpipe.models import INTERACTIONS, ComplEx, DistMult, Interaction, KGEModel, RotatE, TransE
 from kgpipe.config import ModelConfig
+from kgpipe.models import INTERACTIONS, ComplEx, DistMult, Interaction, KGEModel, RotatE, TransE
 
 CASES: dict[str, list[Interaction]] = {
     "transe": [TransE(p=1, margin=2.0), TransE(p=2, margin=0.0)],
@@ -63,7 +63,7 @@ def test_hand_computed_scores() -> None:
     t = torch.tensor([2.0, 0.0])
     assert DistMult().score(h, r, t).item() == pytest.approx(1.0)
     assert TransE(p=1).score(h, r, t).item() == pytest.approx(-1.5)
-    assert TransE(p=2).score(h, r, t).item() == pytest.approx(-(0.25 + 1.0) ** 0.5)
+    assert TransE(p=2).score(h, r, t).item() == pytest.approx(-((0.25 + 1.0) ** 0.5))
     # ComplEx with one component: h = 1+2i, r = 0.5-1i, t = 2+0i: Re(h r conj t) = Re((2.5 + 0i) * 2)
     assert ComplEx().score(h, r, t).item() == pytest.approx(5.0)
     # RotatE: h = 1+2i rotated by pi/2 -> -2+1i; t = 2 + 0i; |(-4) + 1i| = sqrt(17)
@@ -91,7 +91,9 @@ def test_model_all_entity_scoring(name: str, reciprocal: bool) -> None:
             inv = torch.stack((t, model.inverse(r), col), 1)
             torch.testing.assert_close(heads[:, e], model.score_triples(inv))
         else:
-            torch.testing.assert_close(heads[:, e], model.score_triples(torch.stack((col, r, t), 1)))
+            torch.testing.assert_close(
+                heads[:, e], model.score_triples(torch.stack((col, r, t), 1))
+            )
 
 
 def test_build_is_deterministic_per_seed() -> None:

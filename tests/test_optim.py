@@ -10,7 +10,9 @@ import torch
 from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad, lr_at
 
 
-def _steps(seed: int, n: int, rows: int, dim: int, fixed: bool) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _steps(
+    seed: int, n: int, rows: int, dim: int, fixed: bool
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     out = []
     base = torch.tensor([1, 4, 7])

@@ -47,7 +47,10 @@ def test_shared_negative_gradients_equal_per_triple_reference(
     trainer = Trainer(model, _triples(11), training=cfg, regularizer=reg, seed=0)
     batch = _triples(11)
     negs = trainer._draw_negatives(11, torch.Generator().manual_seed(1))
-    assert negs is not None and negs.shape == (4, 4)  # 6 tail + 5 head positives in chunks of 3: 2 + 2
+    assert negs is not None and negs.shape == (
+        4,
+        4,
+    )  # 6 tail + 5 head positives in chunks of 3: 2 + 2
     res = trainer.compute_gradients(batch, negs, global_queries=11, global_batch=11)
 
     # reference: dense tables, one positive at a time, negatives as explicit triples
@@ -101,7 +104,9 @@ def test_one_vs_all_gradient_equals_dense_reference(reciprocal: bool) -> None:
                 [model.interaction.score(ent[t], rel[r + NR], ent[e]) for e in range(NE)]
             )
         else:
-            heads = torch.stack([model.interaction.score(ent[e], rel[r], ent[t]) for e in range(NE)])
+            heads = torch.stack(
+                [model.interaction.score(ent[e], rel[r], ent[t]) for e in range(NE)]
+            )
         total = total - torch.log_softmax(tails, 0)[t] - torch.log_softmax(heads, 0)[h]
     (total / 16).backward()
     torch.testing.assert_close(res.grads["entity"].values, ent.grad, rtol=1e-4, atol=1e-6)
@@ -122,7 +127,13 @@ def test_kvsall_labels_are_all_known_answers() -> None:
     for q in range(len(idx)):
         a, r, s = int(idx.anchor[q]), int(idx.relation[q]), int(idx.side[q])
         got.add((a, r, s, tuple(labels[q].nonzero().squeeze(-1).tolist())))
-    assert got == {(0, 0, 0, (1, 2)), (3, 1, 0, (2,)), (1, 0, 1, (0,)), (2, 0, 1, (0,)), (2, 1, 1, (3,))}
+    assert got == {
+        (0, 0, 0, (1, 2)),
+        (3, 1, 0, (2,)),
+        (1, 0, 1, (0,)),
+        (2, 0, 1, (0,)),
+        (2, 1, 1, (3,)),
+    }
 
 
 @pytest.mark.parametrize(
@@ -131,7 +142,9 @@ def test_kvsall_labels_are_all_known_answers() -> None:
 def test_same_seed_gives_bit_identical_parameters(mode: str, loss: str) -> None:
     def run(seed: int) -> KGEModel:
         model = _model("complex", dim=8)
-        cfg = TrainingConfig(mode=mode, loss=loss, epochs=2, batch_size=16, negatives=5, chunk_size=4)
+        cfg = TrainingConfig(
+            mode=mode, loss=loss, epochs=2, batch_size=16, negatives=5, chunk_size=4
+        )
         Trainer(model, _triples(50), training=cfg, regularizer=RegularizerConfig(), seed=seed).fit()
         return model
 
@@ -166,7 +179,10 @@ def test_training_reduces_loss_and_reaches_known_quality() -> None:
     perms = torch.stack([torch.randperm(NE, generator=g) for _ in range(NR)])
     train = torch.stack((heads, rels, perms[rels, heads]), 1)
     model = KGEModel.build(
-        ModelConfig(name="complex", dim=32, init_scale=0.1), num_entities=NE, num_relations=NR, seed=0
+        ModelConfig(name="complex", dim=32, init_scale=0.1),
+        num_entities=NE,
+        num_relations=NR,
+        seed=0,
     )
     cfg = TrainingConfig(mode="1vsall", loss="cross_entropy", epochs=60, batch_size=16, lr=0.05)
     hist = Trainer(model, train, training=cfg, regularizer=RegularizerConfig(), seed=0).fit()

@@ -126,4 +126,6 @@ def read_bytes(url: str, storage_options: dict[str, Any] | None = None) -> bytes
         raise DataError(url, f"cannot read: {err}") from None
     except (ValueError, ImportError) as err:  # unknown protocol, missing fsspec backend
         raise DataError(url, f"cannot read: {err}") from None
+    except Exception as err:  # back-end errors outside OSError (e.g. botocore: no credentials)
+        raise DataError(url, f"cannot read: {type(err).__name__}: {err}") from None
     return decompress(raw, split_compression(url)[1], source=url)

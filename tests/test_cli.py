@@ -1,0 +1,231 @@
+"""The kgpipe CLI end to end: run folder contract, evaluate/export/predict, user errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+import yaml
+
+from kgpipe.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL = {
+    "run": {"seed": 0},
+    "data": {"dataset": "umls"},
+    "model": {"name": "complex", "dim": 16, "reciprocal": True},
+    "training": {
+        "mode": "1vsall",
+        "loss": "cross_entropy",
+        "epochs": 2,
+        "batch_size": 512,
+        "optimizer": "adagrad",
+        "lr": 0.1,
+    },
+    "evaluation": {"every": 1},
+}
+
+
+def _config(tmp_path: Path, data: dict | None = None) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(data or SMALL))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("cli")
+    cfg = _config(tmp)
+    root = tmp / "runs"
+    assert (
+        main(["train", "-c", str(cfg), "--set", f"run.root={root}", "--set", "run.name=r1", "-q"])
+        == 0
+    )
+    return root / "r1"
+
+
+def test_run_folder_contract(trained_run: Path) -> None:
+    names = {str(p.relative_to(trained_run)) for p in trained_run.rglob("*") if p.is_file()}
+    for required in (
+        "config.yaml",
+        "data.json",
+        "vocab/entities.tsv",
+        "vocab/relations.tsv",
+        "metrics.jsonl",
+        "results.json",
+        "model.safetensors",
+        "embeddings/entities.parquet",
+        "embeddings/relations.parquet",
+    ):
+        assert required in names
+    assert not any(".tmp-" in n for n in names)
+    lines = [json.loads(x) for x in (trained_run / "metrics.jsonl").read_text().splitlines()]
+    assert [x["epoch"] for x in lines] == [1, 2]
+    for x in lines:
+        assert {"epoch", "loss", "triples_per_s", "seconds", "valid_mrr"} <= set(x)
+    results = json.loads((trained_run / "results.json").read_text())
+    for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
+        assert k in results and k in results["head"] and k in results["tail"]
+    assert results["protocol"]["ranking"] == "filtered"
+    assert results["protocol"]["ties"].startswith("realistic")
+    ents = (trained_run / "vocab/entities.tsv").read_text().splitlines()
+    assert len(ents) == 135 and ents[0].startswith("0\t")
+    resolved = yaml.safe_load((trained_run / "config.yaml").read_text())
+    assert resolved["run"]["name"] == "r1" and resolved["model"]["dim"] == 16
+
+
+def test_exported_embeddings_score_like_the_model(trained_run: Path) -> None:
+    """Anyone can score triples from the export alone, following the documented layout."""
+    ent = pq.read_table(trained_run / "embeddings/entities.parquet")
+    rel = pq.read_table(trained_run / "embeddings/relations.parquet")
+    assert ent.schema.field("embedding").type.value_type == "float"
+    assert b"kgpipe" in ent.schema.metadata
+    E = np.array(ent.column("embedding").to_pylist(), dtype=np.float32)
+    R = np.array(rel.column("embedding").to_pylist(), dtype=np.float32)
+    assert R.shape[0] == 2 * 46  # reciprocal: inverse rows follow
+    assert rel.column("label").to_pylist()[46].endswith("^-1")
+    # ComplEx: [real | imaginary]; score = Re(sum h r conj(t))
+    h = E[3, :8] + 1j * E[3, 8:]
+    r = R[5, :8] + 1j * R[5, 8:]
+    t = E[7, :8] + 1j * E[7, 8:]
+    manual = float(np.real(np.sum(h * r * np.conj(t))))
+    from kgpipe.export import load_model
+    from kgpipe.storage import Store
+
+    model = load_model(Store(str(trained_run)))
+    expected = float(model.score_triples(torch.tensor([[3, 5, 7]]))[0])
+    assert manual == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_evaluate_reproduces_results(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["evaluate", str(trained_run), "--json", "--batch-size", "7"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    saved = json.loads((trained_run / "results.json").read_text())
+    assert got["mrr"] == pytest.approx(saved["mrr"], abs=1e-12)
+    assert main(["evaluate", str(trained_run), "--split", "valid", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["triples"] == 652
+
+
+def test_export_formats(trained_run: Path, tmp_path: Path) -> None:
+    assert (
+        main(["export", str(trained_run), "--format", "npy", "--out", str(tmp_path / "npy")]) == 0
+    )
+    arr = np.load(tmp_path / "npy/entities.npy")
+    assert arr.shape == (135, 16) and arr.dtype == np.float32
+    assert (tmp_path / "npy/entities.tsv").read_text().count("\n") == 135
+    assert json.loads((tmp_path / "npy/model.json").read_text())["model"]["name"] == "complex"
+    out = "memory://kgpipe-test/export"
+    assert main(["export", str(trained_run), "--format", "parquet", "--out", out]) == 0
+    import fsspec
+
+    with fsspec.open(out + "/relations.parquet", "rb") as f:
+        assert pq.read_table(f).num_rows == 92
+
+
+def test_predict(trained_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    labels = (trained_run / "vocab/entities.tsv").read_text().splitlines()
+    head = labels[0].split("\t")[1]
+    rel = (trained_run / "vocab/relations.tsv").read_text().splitlines()[0].split("\t")[1]
+    assert (
+        main(
+            ["predict", str(trained_run), "--head", head, "--relation", rel, "--top", "5", "--json"]
+        )
+        == 0
+    )
+    rows = json.loads(capsys.readouterr().out)
+    assert len(rows) == 5 and [r["rank"] for r in rows] == [1, 2, 3, 4, 5]
+    scores = [r["score"] for r in rows]
+    assert scores == sorted(scores, reverse=True)
+    assert main(["predict", str(trained_run), "--tail", head, "--relation", rel, "--json"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 10
+    assert main(["predict", str(trained_run), "--head", "no-such-entity", "--relation", rel]) == 2
+    assert "unknown entity" in capsys.readouterr().err
+
+
+def _run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "kgpipe.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+BAD_DATA = {
+    "wrong_columns": (b"a\tr\tb\nc\tr\n", "line 2", "expected 3"),
+    "empty_field": (b"a\tr\tb\nc\t\td\n", "line 2", "empty"),
+    "undecodable": (b"a\tr\tb\nc\tr\t\xff\xfe\n", "line 2", "UTF-8"),
+    "empty_file": (b"", "train.tsv", "empty"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_DATA))
+def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str) -> None:
+    data, where, what = BAD_DATA[case]
+    (tmp_path / "train.tsv").write_bytes(data)
+    cfg = _config(tmp_path, {"data": {"train": str(tmp_path / "train.tsv")}})
+    root = tmp_path / "runs"
+    proc = _run_cli("train", "-c", str(cfg), "--set", f"run.root={root}", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "train.tsv" in proc.stderr and where in proc.stderr and what in proc.stderr
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("model.nmae=complex", "model.nmae: unknown key"),
+        ("training.epochs=-1", "training.epochs: Input should be greater than or equal to 0"),
+        ("model.name=transr", "model.name"),
+        ("model.dim=7", "model.dim must be even"),
+        ("training.mode=kvsall", "kvsall needs training.loss=bce"),
+        ("distributed.workers=2", "distributed.workers"),
+    ],
+)
+def test_bad_config_names_the_path(tmp_path: Path, override: str, message: str) -> None:
+    cfg = _config(tmp_path)
+    proc = _run_cli("train", "-c", str(cfg), "--set", override, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert message in " ".join(proc.stderr.split())
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_existing_run_is_not_overwritten(trained_run: Path, tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    code = main(
+        [
+            "train",
+            "-c",
+            str(cfg),
+            "--set",
+            f"run.root={trained_run.parent}",
+            "--set",
+            "run.name=r1",
+            "-q",
+        ]
+    )
+    assert code == 2
+
+
+def test_missing_run_folder(tmp_path: Path) -> None:
+    proc = _run_cli("evaluate", str(tmp_path / "nope"), cwd=tmp_path)
+    assert proc.returncode == 2 and "not a kgpipe run folder" in proc.stderr
+
+
+def test_shipped_configs_are_valid() -> None:
+    from kgpipe.config import load_config
+
+    configs = sorted((REPO / "configs").rglob("*.yaml"))
+    assert configs
+    for path in configs:
+        load_config(str(path))
