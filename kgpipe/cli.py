@@ -72,6 +72,30 @@ def _progress_callback(console: Any) -> Any:
     return RichProgress()
 
 
+class _EvalProgress:
+    """A rich progress bar for ranking (queries done of total)."""
+
+    def __init__(self, console: Any, label: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.progress = Progress(
+            f"[bold]{label}",
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task("rank", total=total)
+        self.progress.update(self.task, completed=done)
+        if done >= total:
+            self.progress.stop()
+
+
 def _print_metrics(console: Any, results: dict[str, Any], title: str) -> None:
     from rich.table import Table
 
@@ -101,6 +125,7 @@ def _cmd_train(args: argparse.Namespace, console: Any) -> int:
         callbacks=callbacks,
         overwrite=args.overwrite,
         log=None if args.quiet else console.log,
+        eval_progress=None if args.quiet else _EvalProgress(console, "test ranking"),
     )
     if result.results is not None:
         _print_metrics(
@@ -113,7 +138,10 @@ def _cmd_train(args: argparse.Namespace, console: Any) -> int:
 def _cmd_evaluate(args: argparse.Namespace, console: Any) -> int:
     from kgpipe.run import evaluate_run
 
-    results = evaluate_run(args.run, split=args.split, batch_size=args.batch_size)
+    progress = None if args.json else _EvalProgress(console, f"{args.split} ranking")
+    results = evaluate_run(
+        args.run, split=args.split, batch_size=args.batch_size, progress=progress
+    )
     if args.json:
         print(json.dumps(results, indent=2))
     else:

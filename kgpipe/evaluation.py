@@ -25,7 +25,7 @@ from torch import Tensor
 
 from kgpipe.models.model import KGEModel
 
-__all__ = ["FilterIndex", "evaluate", "rank_metrics", "realistic_ranks"]
+__all__ = ["FilterIndex", "ProgressFn", "evaluate", "rank_metrics", "realistic_ranks"]
 
 HITS_AT = (1, 3, 10)
 

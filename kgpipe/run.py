@@ -27,13 +27,21 @@ from torch import Tensor
 from kgpipe.config import RunConfig, clean_storage_options, config_to_yaml, parse_config
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
 from kgpipe.errors import RunError
-from kgpipe.evaluation import FilterIndex, evaluate
+from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, load_model, save_model
 from kgpipe.models.model import KGEModel
 from kgpipe.storage import Store, join_url
 from kgpipe.training import Callback, EpochStats, Trainer
 
-__all__ = ["LoadedRun", "RunResult", "evaluation_protocol", "load_run", "open_run", "train"]
+__all__ = [
+    "LoadedRun",
+    "RunResult",
+    "evaluate_run",
+    "evaluation_protocol",
+    "load_run",
+    "open_run",
+    "train",
+]
 
 Log = Callable[[str], None]
 
@@ -115,6 +123,7 @@ def train(
     callbacks: Sequence[Callback] = (),
     overwrite: bool = False,
     log: Log | None = None,
+    eval_progress: ProgressFn | None = None,
 ) -> RunResult:
     """Train, evaluate and export one run in this process; returns where it went and the results.
 
@@ -175,7 +184,7 @@ def train(
     results: dict[str, Any] | None = None
     if config.evaluation.test and dataset.test.numel():
         say(f"evaluating on test ({dataset.test.shape[0]} triples, both sides)")
-        results = _results(config, model, dataset.test, index, "test")
+        results = _results(config, model, dataset.test, index, "test", eval_progress)
         store.write_json("results.json", results)
     export_embeddings(
         model, dataset.vocab, store.url_of("embeddings"), storage_options=config.run.storage_options
@@ -184,10 +193,15 @@ def train(
 
 
 def _results(
-    config: RunConfig, model: KGEModel, triples: Tensor, index: FilterIndex, split: str
+    config: RunConfig,
+    model: KGEModel,
+    triples: Tensor,
+    index: FilterIndex,
+    split: str,
+    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     t0 = time.perf_counter()
-    m = evaluate(model, triples, index, batch_size=config.evaluation.batch_size)
+    m = evaluate(model, triples, index, batch_size=config.evaluation.batch_size, progress=progress)
     seconds = time.perf_counter() - t0
     return {
         "split": split,
@@ -247,6 +261,7 @@ def evaluate_run(
     split: str = "test",
     batch_size: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Re-read a run's data and evaluate its model on ``split`` (``valid`` or ``test``)."""
     run = load_run(url, storage_options)
@@ -268,4 +283,4 @@ def evaluate_run(
                 "evaluation": {**cfg.evaluation.model_dump(), "batch_size": batch_size},
             }
         )
-    return _results(cfg, run.model, triples, _filter_index(dataset), split)
+    return _results(cfg, run.model, triples, _filter_index(dataset), split, progress)

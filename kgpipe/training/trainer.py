@@ -303,14 +303,15 @@ class Trainer:
         chunk_off = 0
         for side, triples, weights in parts:
             nc, c = triples.shape[:2]
-            ht = ent[ent_inv[e_off : e_off + nc * c * 2]].view(nc, c, 2, -1)
+            # index_select: its backward is index_add_, much faster on CPU than index_put
+            ht = ent.index_select(0, ent_inv[e_off : e_off + nc * c * 2]).view(nc, c, 2, -1)
             e_off += nc * c * 2
             h, t = ht[:, :, 0], ht[:, :, 1]
-            r = rel[rel_inv[r_off : r_off + nc * c]].view(nc, c, -1)
+            r = rel.index_select(0, rel_inv[r_off : r_off + nc * c]).view(nc, c, -1)
             r_off += nc * c
             n = negatives.shape[1]
             neg_idx = ent_inv[neg_off + chunk_off * n : neg_off + (chunk_off + nc) * n]
-            cand = ent[neg_idx].view(nc, n, -1)
+            cand = ent.index_select(0, neg_idx).view(nc, n, -1)
             chunk_off += nc
             pos_score = inter.score(h, r, t).reshape(-1)
             if side == "tail":
