@@ -189,3 +189,94 @@ def test_training_reduces_loss_and_reaches_known_quality() -> None:
     assert hist[-1].loss < 0.5 * hist[0].loss
     m = evaluate(model, train, FilterIndex.from_triples([train], NR))
     assert m["mrr"] > 0.95
+
+
+def test_regularizers_hand_computed() -> None:
+    h = torch.tensor([[3.0, 4.0]])  # complex: one component 3+4i, |z| = 5
+    r = torch.tensor([[1.0, -2.0]])
+    t = torch.tensor([[0.0, 1.0]])
+    cfg = TrainingConfig(batch_size=1)
+
+    def reg(name: str, kind: str, p: float = 2.0) -> float:
+        model = _model(name, dim=2)
+        trainer = Trainer(
+            model, _triples(2), training=cfg,
+            regularizer=RegularizerConfig(type=kind, weight=0.5, p=p), seed=0,
+        )  # fmt: skip
+        rr = r[:, :1] if name == "rotate" else r
+        return float(trainer._regularization(h, rr, t))
+
+    assert reg("distmult", "lp", 2.0) == pytest.approx(0.5 * (9 + 16 + 1 + 4 + 0 + 1))
+    assert reg("distmult", "lp", 1.0) == pytest.approx(0.5 * (3 + 4 + 1 + 2 + 0 + 1))
+    assert reg("distmult", "n3") == pytest.approx(0.5 * (27 + 64 + 1 + 8 + 0 + 1))
+    # ComplEx N3 uses moduli: |h|^3 = 125, |r|^3 = 5^1.5, |t|^3 = 1
+    assert reg("complex", "n3") == pytest.approx(0.5 * (125 + 5**1.5 + 1))
+    # RotatE relations are phases: not regularised
+    assert reg("rotate", "n3") == pytest.approx(0.5 * (125 + 1))
+    assert reg("rotate", "lp") == pytest.approx(0.5 * (25 + 1))
+
+
+def test_gradient_clipping_bounds_the_global_norm() -> None:
+    model = _model("distmult")
+    cfg = TrainingConfig(batch_size=8, negatives=4, chunk_size=4, clip_grad_norm=1e-3, lr=1.0)
+    trainer = Trainer(model, _triples(8), training=cfg, regularizer=RegularizerConfig(), seed=0)
+    batch = _triples(8, 5)
+    res = trainer.compute_gradients(
+        batch, trainer._draw_negatives(8, trainer.generator(1)), global_queries=8, global_batch=8
+    )
+    before = sum(float(g.values.pow(2).sum()) for g in res.grads.values()) ** 0.5
+    assert before > 1e-3
+    trainer._clip(res.grads)
+    after = sum(float(g.values.pow(2).sum()) for g in res.grads.values()) ** 0.5
+    assert after == pytest.approx(1e-3, rel=1e-4)
+
+
+def test_callbacks_see_every_event_in_order() -> None:
+    from kgpipe.training import Callback
+
+    events: list[tuple] = []
+
+    class Recorder(Callback):
+        def on_train_start(self, trainer: Trainer) -> None:
+            events.append(("start",))
+
+        def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
+            events.append(("epoch_start", epoch))
+
+        def on_batch_end(self, trainer: Trainer, epoch: int, step: int, steps: int, loss: float) -> None:
+            events.append(("batch", epoch, step, steps))
+
+        def on_epoch_end(self, trainer: Trainer, stats) -> None:  # type: ignore[no-untyped-def]
+            events.append(("epoch_end", stats.epoch))
+            stats.extra["seen"] = True
+
+        def on_train_end(self, trainer: Trainer) -> None:
+            events.append(("end",))
+
+    cfg = TrainingConfig(batch_size=4, negatives=2, chunk_size=2, epochs=2)
+    trainer = Trainer(_model("transe"), _triples(6), training=cfg, regularizer=RegularizerConfig(),
+                      seed=0, callbacks=[Recorder()])
+    hist = trainer.fit()
+    assert events == [
+        ("start",),
+        ("epoch_start", 1), ("batch", 1, 1, 2), ("batch", 1, 2, 2), ("epoch_end", 1),
+        ("epoch_start", 2), ("batch", 2, 1, 2), ("batch", 2, 2, 2), ("epoch_end", 2),
+        ("end",),
+    ]  # fmt: skip
+    assert hist[0].as_dict()["seen"] is True and trainer.global_step == 4
+
+
+def test_warmup_reaches_the_optimizer() -> None:
+    cfg = TrainingConfig(batch_size=2, negatives=2, chunk_size=1, epochs=1, warmup_steps=4, lr=0.4)
+    trainer = Trainer(_model("distmult"), _triples(6), training=cfg, regularizer=RegularizerConfig(),
+                      seed=0)
+    seen: list[float] = []
+    step = trainer.optimizer.step
+
+    def spy(grads, *, lr=None):  # type: ignore[no-untyped-def]
+        seen.append(lr)
+        step(grads, lr=lr)
+
+    trainer.optimizer.step = spy  # type: ignore[method-assign]
+    trainer.fit()
+    assert seen == pytest.approx([0.1, 0.2, 0.3])

@@ -232,6 +232,8 @@ class Trainer:
         if kind == "none" or w == 0.0:
             return h.new_zeros(())
         inter = self.model.interaction
+        if isinstance(inter, RotatE):
+            r = r[..., :0]  # RotatE relations are phases: nothing to shrink
         if kind == "n3":
 
             def n3(x: Tensor, complex_valued: bool) -> Tensor:
@@ -241,8 +243,7 @@ class Trainer:
                 return x.abs().pow(3).sum()
 
             cplx = isinstance(inter, ComplEx | RotatE)
-            rel_cplx = isinstance(inter, ComplEx)
-            return w * (n3(h, cplx) + n3(t, cplx) + n3(r, rel_cplx))
+            return w * (n3(h, cplx) + n3(t, cplx) + n3(r, cplx))
         return w * sum(x.abs().pow(self.reg.p).sum() for x in (h, r, t))
 
     def compute_gradients(
