@@ -243,7 +243,9 @@ def test_callbacks_see_every_event_in_order() -> None:
         def on_epoch_start(self, trainer: Trainer, epoch: int) -> None:
             events.append(("epoch_start", epoch))
 
-        def on_batch_end(self, trainer: Trainer, epoch: int, step: int, steps: int, loss: float) -> None:
+        def on_batch_end(
+            self, trainer: Trainer, epoch: int, step: int, steps: int, loss: float
+        ) -> None:
             events.append(("batch", epoch, step, steps))
 
         def on_epoch_end(self, trainer: Trainer, stats) -> None:  # type: ignore[no-untyped-def]
@@ -254,8 +256,14 @@ def test_callbacks_see_every_event_in_order() -> None:
             events.append(("end",))
 
     cfg = TrainingConfig(batch_size=4, negatives=2, chunk_size=2, epochs=2)
-    trainer = Trainer(_model("transe"), _triples(6), training=cfg, regularizer=RegularizerConfig(),
-                      seed=0, callbacks=[Recorder()])
+    trainer = Trainer(
+        _model("transe"),
+        _triples(6),
+        training=cfg,
+        regularizer=RegularizerConfig(),
+        seed=0,
+        callbacks=[Recorder()],
+    )
     hist = trainer.fit()
     assert events == [
         ("start",),
@@ -268,8 +276,9 @@ def test_callbacks_see_every_event_in_order() -> None:
 
 def test_warmup_reaches_the_optimizer() -> None:
     cfg = TrainingConfig(batch_size=2, negatives=2, chunk_size=1, epochs=1, warmup_steps=4, lr=0.4)
-    trainer = Trainer(_model("distmult"), _triples(6), training=cfg, regularizer=RegularizerConfig(),
-                      seed=0)
+    trainer = Trainer(
+        _model("distmult"), _triples(6), training=cfg, regularizer=RegularizerConfig(), seed=0
+    )
     seen: list[float] = []
     step = trainer.optimizer.step
 

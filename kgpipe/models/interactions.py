@@ -78,15 +78,18 @@ def _split(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
-    """Squared Euclidean distances ``(*g, b, n)`` through a matrix product."""
+    """Squared Euclidean distances ``(*g, b, n)`` through a matrix product, floored at 1e-12.
+
+    The floor keeps the gradient of a following ``sqrt`` finite at zero distance.
+    """
     qq = (q * q).sum(-1, keepdim=True)
     cc = (c * c).sum(-1).unsqueeze(-2)
-    d2 = (
-        torch.baddbmm(qq + cc, q, c.transpose(-1, -2), alpha=-2.0)
-        if q.dim() == 3
-        else (qq + cc - 2.0 * q @ c.transpose(-1, -2))
-    )
-    return d2.clamp_min(0.0)
+    if q.dim() == 3:
+        d2 = torch.baddbmm(cc, q, c.transpose(-1, -2), alpha=-2.0)
+    else:
+        d2 = torch.addmm(cc, q, c.transpose(-1, -2), alpha=-2.0)
+    # in place: neither baddbmm/addmm nor add need their output for the backward pass
+    return d2.add_(qq).clamp_min(1e-12)
 
 
 class TransE(Interaction):
@@ -102,8 +105,7 @@ class TransE(Interaction):
 
     def _dist(self, q: Tensor, c: Tensor) -> Tensor:
         if self.p == 2:
-            # sqrt with a floor: its gradient at an exact zero distance stays finite
-            return (_sqdist_mm(q, c) + 1e-12).sqrt()
+            return _sqdist_mm(q, c).sqrt()
         return torch.cdist(q, c, p=1.0)
 
     def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:

@@ -227,24 +227,30 @@ class Trainer:
         leaf = self.tables[name].index_select(0, rows).requires_grad_(True)
         return rows, leaf, inv
 
-    def _regularization(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
+    def _regularization(
+        self, h: Tensor, r: Tensor, t: Tensor, *, weights: Tensor | None = None
+    ) -> Tensor:
+        """Regularisation of the rows ``(b, d)`` of a batch's triples, weighted per triple."""
         kind, w = self.reg.type, self.reg.weight
         if kind == "none" or w == 0.0:
             return h.new_zeros(())
         inter = self.model.interaction
         if isinstance(inter, RotatE):
             r = r[..., :0]  # RotatE relations are phases: nothing to shrink
-        if kind == "n3":
+        cplx = isinstance(inter, ComplEx | RotatE)
 
-            def n3(x: Tensor, complex_valued: bool) -> Tensor:
-                if complex_valued:
-                    re, im = x.chunk(2, dim=-1)
-                    return (re * re + im * im).clamp_min(1e-30).pow(1.5).sum()
-                return x.abs().pow(3).sum()
+        def penalty(x: Tensor) -> Tensor:
+            if kind == "n3" and cplx:
+                re, im = x.chunk(2, dim=-1)
+                return (re * re + im * im).clamp_min(1e-30).pow(1.5).sum(-1)
+            if kind == "n3":
+                return x.abs().pow(3).sum(-1)
+            return x.abs().pow(self.reg.p).sum(-1)
 
-            cplx = isinstance(inter, ComplEx | RotatE)
-            return w * (n3(h, cplx) + n3(t, cplx) + n3(r, cplx))
-        return w * sum(x.abs().pow(self.reg.p).sum() for x in (h, r, t))
+        per = penalty(h) + penalty(r) + penalty(t)
+        if weights is not None:
+            per = per * weights
+        return w * per.sum()
 
     def compute_gradients(
         self, batch: Tensor, negatives: Tensor | None, *, global_queries: int, global_batch: int
@@ -278,53 +284,52 @@ class Trainer:
     ) -> StepResult:
         inter = self.model.interaction
         spec = self.model.spec
+        c, n = self.cfg.chunk_size, negatives.shape[1]
         n_tail = (batch.shape[0] + 1) // 2
         sides = [("tail", batch[:n_tail]), ("head", batch[n_tail:])]
-        chunk_counts = [math.ceil(s.shape[0] / self.cfg.chunk_size) for _, s in sides]
+        chunk_counts = [math.ceil(s.shape[0] / c) for _, s in sides]
         assert sum(chunk_counts) == negatives.shape[0], "one negative set per chunk"
+        ent_table, rel_table = self.tables["entity"], self.tables["relation"]
 
-        parts = []
-        for (side, pos), nc in zip(sides, chunk_counts, strict=True):
-            if nc:
-                parts.append((side, *self._side_chunks(pos, nc)))
-        ent_ids = torch.cat(
-            [p[1][..., [0, 2]].reshape(-1) for p in parts] + [negatives.reshape(-1)]
-        )
-        # with reciprocal relations, head-side chunks query the inverse relation
-        inv_offset = {"tail": 0, "head": spec.num_relations if spec.reciprocal else 0}
-        rel_ids = torch.cat([p[1][..., 1].reshape(-1) + inv_offset[p[0]] for p in parts])
-        ent_rows, ent, ent_inv = self._gather("entity", ent_ids)
-        rel_rows, rel, rel_inv = self._gather("relation", rel_ids)
+        # Every use of a table is its own autograd leaf gathered with index_select: backward then
+        # stops at the gathered rows, and one index_add_ per table coalesces their gradients.
+        # (Letting autograd scatter into one leaf costs a zero-filled table copy per use.)
+        leaves: dict[str, list[tuple[Tensor, Tensor]]] = {"entity": [], "relation": []}
 
-        total = ent.new_zeros(())
+        def gather(table: str, ids: Tensor, shape: tuple[int, ...]) -> Tensor:
+            src = ent_table if table == "entity" else rel_table
+            leaf = src.index_select(0, ids.reshape(-1)).requires_grad_(True)
+            leaves[table].append((ids.reshape(-1), leaf))
+            return leaf.view(*shape, -1)
+
+        total = ent_table.new_zeros(())
         loss_sum = 0.0
-        e_off = r_off = 0
-        reg_h, reg_r, reg_t = [], [], []
-        neg_off = sum(p[1][..., [0, 2]].numel() for p in parts)
+        regularize = self.reg.type != "none" and self.reg.weight > 0
         chunk_off = 0
-        for side, triples, weights in parts:
-            nc, c = triples.shape[:2]
-            # index_select: its backward is index_add_, much faster on CPU than index_put
-            ht = ent.index_select(0, ent_inv[e_off : e_off + nc * c * 2]).view(nc, c, 2, -1)
-            e_off += nc * c * 2
-            h, t = ht[:, :, 0], ht[:, :, 1]
-            r = rel.index_select(0, rel_inv[r_off : r_off + nc * c]).view(nc, c, -1)
-            r_off += nc * c
-            n = negatives.shape[1]
-            neg_idx = ent_inv[neg_off + chunk_off * n : neg_off + (chunk_off + nc) * n]
-            cand = ent.index_select(0, neg_idx).view(nc, n, -1)
+        for (side, pos), nc in zip(sides, chunk_counts, strict=True):
+            if not nc:
+                continue
+            triples, weights = self._side_chunks(pos, nc)
+            h = gather("entity", triples[..., 0], (nc, c))
+            t = gather("entity", triples[..., 2], (nc, c))
+            rel_ids = triples[..., 1]
+            if side == "head" and spec.reciprocal:
+                rel_ids = rel_ids + spec.num_relations  # head queries use the inverse relation
+            r = gather("relation", rel_ids, (nc, c))
+            cand = gather("entity", negatives[chunk_off : chunk_off + nc], (nc, n))
             chunk_off += nc
-            pos_score = inter.score(h, r, t).reshape(-1)
             if side == "tail":
+                pos_score = inter.score(h, r, t)
                 neg_score = inter.score_tails(h, r, cand)
             elif spec.reciprocal:
-                pos_score = inter.score(t, r, h).reshape(-1)
+                pos_score = inter.score(t, r, h)
                 neg_score = inter.score_tails(t, r, cand)
             else:
+                pos_score = inter.score(h, r, t)
                 neg_score = inter.score_heads(r, t, cand)
             per = negative_sampling_loss(
                 self.cfg.loss,
-                pos_score,
+                pos_score.reshape(-1),
                 neg_score.reshape(-1, n),
                 margin=self.cfg.margin,
                 temperature=self.cfg.adversarial_temperature,
@@ -333,23 +338,27 @@ class Trainer:
             weighted = (per * weights).sum()
             total = total + weighted / global_queries
             loss_sum += float(weighted.detach())
-            real = weights.bool()
-            reg_h.append(h.reshape(nc * c, -1)[real])
-            reg_t.append(t.reshape(nc * c, -1)[real])
-            reg_r.append(r.reshape(nc * c, -1)[real])
-        if self.reg.type != "none" and self.reg.weight:
-            reg = self._regularization(torch.cat(reg_h), torch.cat(reg_r), torch.cat(reg_t))
-            total = total + reg / global_batch
+            if regularize:
+                flat = (nc * c, -1)
+                reg = self._regularization(
+                    h.reshape(flat), r.reshape(flat), t.reshape(flat), weights=weights
+                )
+                total = total + reg / global_batch
         total.backward()
-        n_real = int(batch.shape[0])
-        return StepResult(
-            loss_sum=loss_sum,
-            queries=n_real,
-            grads={
-                "entity": RowGrad(ent_rows, ent.grad),
-                "relation": RowGrad(rel_rows, rel.grad),
-            },
+        grads = {name: self._coalesce(uses) for name, uses in leaves.items()}
+        return StepResult(loss_sum=loss_sum, queries=int(batch.shape[0]), grads=grads)
+
+    @staticmethod
+    def _coalesce(uses: list[tuple[Tensor, Tensor]]) -> RowGrad:
+        """Sum the gradients of gathered rows per unique row id."""
+        ids = torch.cat([i for i, _ in uses])
+        rows, inv = torch.unique(ids, return_inverse=True)
+        values = torch.cat(
+            [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for _, leaf in uses]
         )
+        out = values.new_zeros(rows.shape[0], values.shape[1])
+        out.index_add_(0, inv, values)
+        return RowGrad(rows, out)
 
     def _all_entities(self) -> tuple[Tensor, Tensor]:
         table = self.tables["entity"]
