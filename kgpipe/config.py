@@ -205,6 +205,11 @@ class TrainingConfig(_Frozen):
     threads: int | None = Field(
         default=None, ge=1, description="torch intra-op threads (default: all cores)."
     )
+    max_steps_per_epoch: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop each epoch after this many steps (smoke tests, quick experiments).",
+    )
 
     @model_validator(mode="after")
     def _mode_loss(self) -> TrainingConfig:

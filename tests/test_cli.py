@@ -229,3 +229,21 @@ def test_shipped_configs_are_valid() -> None:
     assert configs
     for path in configs:
         load_config(str(path))
+
+
+@pytest.mark.parametrize(
+    "config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")), ids=lambda n: n
+)
+def test_shipped_config_smoke(config: str, tmp_path: Path, datasets_root: Path) -> None:
+    """Every shipped config trains for two steps and writes its run folder."""
+    code = main([
+        "train", "-c", str(REPO / "configs" / config), "-q",
+        "--set", f"run.root={tmp_path}", "--set", "run.name=smoke",
+        "--set", f"data.root={datasets_root}" if "umls" not in config else "data.root=null",
+        "--set", "training.epochs=1", "--set", "training.max_steps_per_epoch=2",
+        "--set", "evaluation.every=0", "--set", "evaluation.test=false",
+    ])  # fmt: skip
+    assert code == 0
+    metrics = json.loads((tmp_path / "smoke" / "metrics.jsonl").read_text())
+    assert metrics["steps"] == 2 and metrics["loss"] > 0
+    assert (tmp_path / "smoke" / "embeddings" / "entities.parquet").exists()

@@ -105,3 +105,15 @@ def test_build_is_deterministic_per_seed() -> None:
     assert not torch.equal(a.entity, c.entity)
     assert a.relation.shape == (2, 4)  # RotatE relations: dim/2 phases
     assert float(a.relation.abs().max()) <= torch.pi
+
+
+def test_rotate_fast_inference_path_equals_differentiable_path() -> None:
+    """Without autograd RotatE scores candidates in small in-place slices; same numbers."""
+    torch.manual_seed(0)
+    inter = RotatE(margin=1.0)
+    h, r = torch.randn(64, 16), torch.randn(64, 8)
+    cand = torch.randn(5000, 16)  # several slices on both paths
+    with torch.no_grad():
+        fast = inter.score_tails(h, r, cand)
+    slow = inter.score_tails(h.requires_grad_(), r, cand)
+    torch.testing.assert_close(fast, slow.detach(), rtol=1e-5, atol=1e-4)

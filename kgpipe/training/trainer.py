@@ -200,7 +200,9 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        return math.ceil(self.examples_per_epoch / self.cfg.batch_size)
+        steps = math.ceil(self.examples_per_epoch / self.cfg.batch_size)
+        cap = self.cfg.max_steps_per_epoch
+        return min(steps, cap) if cap else steps
 
     @property
     def total_steps(self) -> int:
@@ -485,10 +487,15 @@ class Trainer:
                 cb.on_batch_end(self, epoch, step + 1, steps, step_loss)
         seconds = time.perf_counter() - start
         self.epoch = epoch
+        full = steps * bs >= n
+        if self.kvsall is None:
+            triples = n if full else steps * bs
+        else:  # KvsAll steps over queries; report the training triples they cover
+            triples = int(self.train_triples.shape[0]) if full else steps * bs
         stats = EpochStats(
             epoch=epoch,
             loss=loss_total / max(1, queries_total),
-            triples=n if self.kvsall is None else int(self.train_triples.shape[0]),
+            triples=triples,
             seconds=seconds,
             lr=lr,
             steps=steps,
