@@ -195,9 +195,7 @@ class RotatE(Interaction):
         cr, ci = _split(candidates)
         b, k, n = qr.shape[-2], qr.shape[-1], cr.shape[-2]
         groups = qr[..., :1, :1].numel()
-        needs_grad = torch.is_grad_enabled() and any(
-            x.requires_grad for x in (qr, qi, candidates)
-        )
+        needs_grad = torch.is_grad_enabled() and any(x.requires_grad for x in (qr, qi, candidates))
         budget = (1 << 24) if needs_grad else (1 << 19)
         step = max(1, budget // max(1, groups * b * k))
         qr_, qi_ = qr.unsqueeze(-2), qi.unsqueeze(-2)
