@@ -28,6 +28,7 @@ test-fast: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check kgpipe tests bench
 	$(BIN)/ruff format --check kgpipe tests bench
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

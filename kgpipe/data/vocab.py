@@ -187,8 +187,8 @@ def _read_labels(url: str, storage_options: dict[str, Any] | None) -> tuple[str,
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(url, "not valid UTF-8", line=line) from None
+        bad_line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(url, "not valid UTF-8", line=bad_line) from None
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()

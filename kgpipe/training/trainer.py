@@ -107,6 +107,11 @@ class Callback:
         """After the last epoch."""
 
 
+def _row_grad(rows: Tensor, leaf: Tensor) -> RowGrad:
+    """The gradient of a gathered leaf (zeros if the loss did not depend on it)."""
+    return RowGrad(rows, leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
+
+
 Aggregate = Callable[[dict[str, RowGrad]], dict[str, RowGrad]]
 
 
@@ -399,7 +404,7 @@ class Trainer:
         return StepResult(
             loss_sum=float(loss.detach()),
             queries=2 * b,
-            grads={"entity": RowGrad(ent_rows, ent.grad), "relation": RowGrad(rel_rows, rel.grad)},
+            grads={"entity": _row_grad(ent_rows, ent), "relation": _row_grad(rel_rows, rel)},
         )
 
     def _kvsall_gradients(self, queries: Tensor, global_queries: int) -> StepResult:
@@ -424,7 +429,7 @@ class Trainer:
         return StepResult(
             loss_sum=float(loss.detach()),
             queries=int(queries.shape[0]),
-            grads={"entity": RowGrad(ent_rows, ent.grad), "relation": RowGrad(rel_rows, rel.grad)},
+            grads={"entity": _row_grad(ent_rows, ent), "relation": _row_grad(rel_rows, rel)},
         )
 
     # -- optimisation ---------------------------------------------------------------------------
