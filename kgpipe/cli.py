@@ -54,7 +54,10 @@ def _progress_callback(console: Any) -> Any:
             self, trainer: Trainer, epoch: int, step: int, steps: int, loss: float
         ) -> None:
             self.progress.update(
-                self.task, advance=1, epoch=f"{epoch}/{trainer.cfg.epochs}", loss=loss
+                self.task,
+                completed=trainer.global_step,
+                epoch=f"{epoch}/{trainer.cfg.epochs}",
+                loss=loss,
             )
 
         def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None:

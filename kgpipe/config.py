@@ -243,28 +243,51 @@ class EvaluationConfig(_Frozen):
 
 
 class DistributedConfig(_Frozen):
-    """Training on a Dask cluster (one process while workers == 1)."""
+    """Training on a Dask cluster: a gang of torch.distributed ranks, one per worker."""
 
-    workers: int = Field(default=1, ge=1, description="Training ranks (Dask workers).")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Training ranks (one per Dask worker). 1 with cluster `local` trains in-process.",
+    )
     cluster: str = Field(
         default="local",
         description="`local` (LocalCluster), `cuda` (LocalCUDACluster) or a scheduler address.",
     )
     sync: Literal["step", "epoch"] = Field(
-        default="step", description="Aggregate gradients every step, or average models per epoch."
+        default="step",
+        description="Sum gradients every step (data parallel), or average models per epoch.",
     )
     compression: Literal["none", "topk", "int8"] = Field(
-        default="none", description="Compression of what is exchanged."
+        default="none", description="Compression of what is exchanged (top-k with error feedback)."
+    )
+    topk_ratio: float = Field(
+        default=0.1, gt=0.0, le=1.0, description="Share of touched rows sent by `topk`."
+    )
+    exchange: Literal["auto", "dense", "sparse"] = Field(
+        default="auto",
+        description=(
+            "Entity-gradient exchange in step mode: dense all-reduce, sparse gather of touched "
+            "rows, or whichever moves fewer bytes. Relation tables always use the dense path."
+        ),
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto", description="torch.distributed backend (auto: nccl on GPU, else gloo)."
+    )
+    shards: int = Field(
+        default=16, ge=1, description="Training shards written to the run folder (any world size)."
+    )
+    timeout_s: float = Field(
+        default=300.0, gt=0.0, description="Collective/rendezvous timeout of the gang in seconds."
+    )
+    threads_per_worker: int | None = Field(
+        default=None, ge=1, description="torch threads per worker (default: cores // workers)."
     )
 
-    @model_validator(mode="after")
-    def _single_process(self) -> DistributedConfig:
-        if self.workers > 1:
-            raise ValueError(
-                "distributed.workers > 1 needs the Dask training path, which this version of "
-                "kgpipe does not have yet; use distributed.workers: 1"
-            )
-        return self
+    @property
+    def uses_dask(self) -> bool:
+        """Whether training runs as a gang on Dask (else in this process)."""
+        return self.workers > 1 or self.cluster != "local"
 
 
 class RunConfig(_Frozen):

@@ -14,18 +14,21 @@ The run folder ``{run.root}/{run.name}/`` is a contract (see README):
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import yaml
 from torch import Tensor
 
 from kgpipe.config import RunConfig, clean_storage_options, config_to_yaml, parse_config
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
+from kgpipe.distributed.sharding import read_shards, stage_shards
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, load_model, save_model
@@ -85,8 +88,8 @@ class _MetricsWriter(Callback):
 class _Validation(Callback):
     """Filtered validation every ``every`` epochs; adds ``valid_*`` entries to the epoch stats."""
 
-    def __init__(self, dataset: TripleDataset, index: FilterIndex, config: RunConfig) -> None:
-        self.dataset = dataset
+    def __init__(self, valid: Tensor, index: FilterIndex, config: RunConfig) -> None:
+        self.valid = valid
         self.index = index
         self.cfg = config.evaluation
         self.total_epochs = config.training.epochs
@@ -94,21 +97,39 @@ class _Validation(Callback):
     def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None:
         every = self.cfg.every
         due = every and (stats.epoch % every == 0 or stats.epoch == self.total_epochs)
-        if not due or self.dataset.valid.numel() == 0:
+        if not due or self.valid.numel() == 0:
             return
         t0 = time.perf_counter()
         m = evaluate(
             trainer.model,
-            self.dataset.valid,
+            self.valid,
             self.index,
             batch_size=self.cfg.batch_size,
             sampled=self.cfg.sampled,
         )
-        stats.extra.update(
-            {f"valid_{k}": m[k] for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")}
-        )
+        keys = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+        stats.extra.update({f"valid_{k}": m[k] for k in keys})
         stats.extra["valid_candidates"] = m["candidates"]
         stats.extra["valid_seconds"] = time.perf_counter() - t0
+
+
+def _save_ids(store: Store, rel: str, triples: Tensor) -> None:
+    buf = io.BytesIO()
+    np.save(buf, triples.numpy().astype(np.int64), allow_pickle=False)
+    store.write_bytes(rel, buf.getvalue())
+
+
+def _load_ids(store: Store, rel: str) -> Tensor:
+    return torch.from_numpy(np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False))
+
+
+def staged_validation(store: Store, config: RunConfig, *, train_all: Tensor) -> Callback:
+    """The validation callback of a run whose data was staged into ``store``."""
+    valid = _load_ids(store, "data/valid.npy")
+    test = _load_ids(store, "data/test.npy")
+    num_relations = int(store.read_json("data.json")["num_relations"])
+    index = FilterIndex.from_triples([train_all, valid, test], num_relations)
+    return _Validation(valid, index, config)
 
 
 def _filter_index(dataset: TripleDataset) -> FilterIndex:
@@ -159,6 +180,14 @@ def train(
     )
     dataset.vocab.write(store.url_of("vocab"), config.run.storage_options)
 
+    # stage: shuffled training shards (any world size can read them), valid/test ids
+    manifest = stage_shards(
+        dataset.train, store, num_shards=config.distributed.shards, seed=config.run.seed
+    )
+    _save_ids(store, "data/valid.npy", dataset.valid)
+    _save_ids(store, "data/test.npy", dataset.test)
+    train_order = read_shards(store, manifest, list(range(manifest.num_shards)))
+
     model = KGEModel.build(
         config.model,
         num_entities=dataset.num_entities,
@@ -166,19 +195,41 @@ def train(
         seed=config.run.seed,
     )
     index = _filter_index(dataset)
-    trainer = Trainer(
-        model,
-        dataset.train,
-        training=config.training,
-        regularizer=config.model.regularizer,
-        seed=config.run.seed,
-        callbacks=[_Validation(dataset, index, config), _MetricsWriter(store), *callbacks],
-    )
-    say(
-        f"training {config.model.name} (dim {config.model.dim}) for {config.training.epochs} "
-        f"epochs, {trainer.steps_per_epoch} steps each -> {url}"
-    )
-    history = trainer.fit()
+    writer = _MetricsWriter(store)
+    if config.distributed.uses_dask:
+        from kgpipe.distributed.driver import train_on_dask
+
+        say(
+            f"training {config.model.name} (dim {config.model.dim}) for "
+            f"{config.training.epochs} epochs on {config.distributed.workers} Dask workers "
+            f"(sync={config.distributed.sync}) -> {url}"
+        )
+        gang = train_on_dask(
+            config,
+            store,
+            num_entities=dataset.num_entities,
+            num_relations=dataset.num_relations,
+            num_train=int(train_order.shape[0]),
+            callbacks=[writer, *callbacks],
+            log=say,
+        )
+        model.entity.data.copy_(gang.entity)
+        model.relation.data.copy_(gang.relation)
+        history = gang.history
+    else:
+        trainer = Trainer(
+            model,
+            train_order,
+            training=config.training,
+            regularizer=config.model.regularizer,
+            seed=config.run.seed,
+            callbacks=[_Validation(dataset.valid, index, config), writer, *callbacks],
+        )
+        say(
+            f"training {config.model.name} (dim {config.model.dim}) for "
+            f"{config.training.epochs} epochs, {trainer.steps_per_epoch} steps each -> {url}"
+        )
+        history = trainer.fit()
     save_model(model, store)
 
     results: dict[str, Any] | None = None

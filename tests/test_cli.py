@@ -188,7 +188,8 @@ def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str)
         ("model.name=transr", "model.name"),
         ("model.dim=7", "model.dim must be even"),
         ("training.mode=kvsall", "kvsall needs training.loss=bce"),
-        ("distributed.workers=2", "distributed.workers"),
+        ("distributed.workers=0", "distributed.workers"),
+        ("distributed.sync=async", "distributed.sync"),
     ],
 )
 def test_bad_config_names_the_path(tmp_path: Path, override: str, message: str) -> None:

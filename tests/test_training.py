@@ -289,3 +289,37 @@ def test_warmup_reaches_the_optimizer() -> None:
     trainer.optimizer.step = spy  # type: ignore[method-assign]
     trainer.fit()
     assert seen == pytest.approx([0.1, 0.2, 0.3])
+
+
+@pytest.mark.parametrize(
+    "mode,loss", [("negative_sampling", "softplus"), ("1vsall", "cross_entropy"), ("kvsall", "bce")]
+)
+@pytest.mark.parametrize("parts", [2, 3])
+def test_parts_of_a_global_batch_sum_to_its_gradient(mode: str, loss: str, parts: int) -> None:
+    """What each rank of a step-synchronised gang computes adds up to the whole batch's gradient."""
+    cfg = TrainingConfig(mode=mode, loss=loss, batch_size=11, negatives=4, chunk_size=2)
+    reg = RegularizerConfig(type="n3", weight=0.01)
+    train = _triples(30)
+
+    def grads(part: tuple[int, int]) -> tuple[dict[str, torch.Tensor], int]:
+        model = _model("complex", dim=8)
+        trainer = Trainer(model, train, training=cfg, regularizer=reg, seed=0, part=part)
+        batch = torch.arange(11) if mode == "kvsall" else _triples(11, 4)
+        negs = trainer._draw_negatives(11, torch.Generator().manual_seed(3))
+        res = trainer.compute_gradients(
+            batch, negs, global_queries=22 if mode == "1vsall" else 11, global_batch=11
+        )
+        dense = {}
+        for name, g in res.grads.items():
+            d = torch.zeros_like(trainer.tables[name])
+            d[g.rows] += g.values
+            dense[name] = d
+        return dense, res.queries
+
+    full, q_full = grads((0, 1))
+    pieces = [grads((i, parts)) for i in range(parts)]
+    assert sum(q for _, q in pieces) == q_full
+    for name in full:
+        torch.testing.assert_close(
+            sum(p[name] for p, _ in pieces), full[name], rtol=1e-5, atol=1e-7
+        )

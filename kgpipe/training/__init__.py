@@ -2,11 +2,19 @@
 
 from kgpipe.training.losses import negative_sampling_loss, one_vs_all_loss
 from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad, build_optimizer, lr_at
-from kgpipe.training.trainer import Callback, EpochStats, StepResult, Trainer, derive_seed
+from kgpipe.training.trainer import (
+    Callback,
+    EpochStats,
+    Exchange,
+    StepResult,
+    Trainer,
+    derive_seed,
+)
 
 __all__ = [
     "Callback",
     "EpochStats",
+    "Exchange",
     "RowAdagrad",
     "RowAdam",
     "RowGrad",

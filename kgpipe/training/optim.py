@@ -23,6 +23,7 @@ class RowGrad:
 
     rows: Tensor  # int64 (u,)
     values: Tensor  # float (u, d)
+    counts: Tensor | None = None  # int64 (u,): how many samples touched each row
 
 
 class RowOptimizer:

@@ -6,11 +6,17 @@ A step is three explicit phases:
    per table, the gradient of the rows it touched (:class:`~kgpipe.training.optim.RowGrad`). The
    loss is normalised by the *global* batch, so summing the ranks' gradients gives exactly the
    single-process gradient.
-2. ``aggregate`` -- a hook (identity in one process) where a distributed run exchanges gradients.
+2. :meth:`Exchange.step` -- identity in one process; in a gang it sums the ranks' gradients.
 3. the row-wise optimiser applies the (clipped) gradients to the touched rows only.
 
+In a gang with step-level synchronisation every rank builds the same global batch and computes
+the part ``part = (index, count)`` of it (whole chunks of shared negatives, or a slice of rows);
+with epoch-level synchronisation every rank trains its own data and :meth:`Exchange.epoch_end`
+combines the models.
+
 Randomness: every epoch draws its permutation and its negatives from one ``torch.Generator``
-seeded by ``(seed, epoch, rank)``; nothing else is random, so the same config and seed give
+seeded by ``(seed, epoch, stream)`` -- ``stream`` is the rank when ranks train different data and
+0 when they share the global batch; nothing else is random, so the same config and seed give
 bit-identical parameters on CPU, and a run resumed at an epoch boundary replays the same draws.
 """
 
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +41,7 @@ from kgpipe.training.optim import RowGrad, RowOptimizer, build_optimizer, lr_at
 __all__ = [
     "Callback",
     "EpochStats",
+    "Exchange",
     "StepResult",
     "Trainer",
     "derive_seed",
@@ -112,7 +119,24 @@ def _row_grad(rows: Tensor, leaf: Tensor) -> RowGrad:
     return RowGrad(rows, leaf.grad if leaf.grad is not None else torch.zeros_like(leaf))
 
 
-Aggregate = Callable[[dict[str, RowGrad]], dict[str, RowGrad]]
+class Exchange:
+    """How a gang of ranks combines its work (the identity in one process)."""
+
+    def bind(self, trainer: Trainer) -> None:
+        """Called once by the trainer that uses this exchange."""
+
+    def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
+        """Combine the ranks' row gradients of one step (step-level synchronisation)."""
+        return grads
+
+    def epoch_end(self, trainer: Trainer, loss_sum: float, queries: int) -> tuple[float, int]:
+        """Combine models after an epoch (epoch-level synchronisation); return the global
+        ``(loss_sum, queries)`` of the epoch."""
+        return loss_sum, queries
+
+    def pop_stats(self) -> dict[str, Any]:
+        """Communication statistics since the last call (seconds, bytes sent, ...)."""
+        return {}
 
 
 class _KvsAllIndex:
@@ -169,9 +193,10 @@ class Trainer:
         training: TrainingConfig,
         regularizer: RegularizerConfig,
         seed: int,
-        rank: int = 0,
+        stream: int = 0,
+        part: tuple[int, int] = (0, 1),
         callbacks: Sequence[Callback] = (),
-        aggregate: Aggregate | None = None,
+        exchange: Exchange | None = None,
         optimizer: RowOptimizer | None = None,
     ) -> None:
         if train.ndim != 2 or train.shape[1] != 3:
@@ -181,9 +206,10 @@ class Trainer:
         self.cfg = training
         self.reg = regularizer
         self.seed = seed
-        self.rank = rank
+        self.stream = stream
+        self.part = part
         self.callbacks = list(callbacks)
-        self.aggregate = aggregate
+        self.exchange = exchange or Exchange()
         self.tables = {"entity": model.entity.data, "relation": model.relation.data}
         self.optimizer = optimizer or build_optimizer(
             training.optimizer, self.tables, lr=training.lr, betas=training.betas, eps=training.eps
@@ -197,6 +223,7 @@ class Trainer:
         self.global_step = 0
         self.history: list[EpochStats] = []
         self.stop_requested = False
+        self.exchange.bind(self)
 
     # -- schedule -------------------------------------------------------------------------------
     @property
@@ -224,8 +251,8 @@ class Trainer:
         )
 
     def generator(self, epoch: int) -> torch.Generator:
-        """The generator of all random draws of ``epoch`` (1-based) on this rank."""
-        return torch.Generator().manual_seed(derive_seed(self.seed, epoch, self.rank))
+        """The generator of all random draws of ``epoch`` (1-based) of this random stream."""
+        return torch.Generator().manual_seed(derive_seed(self.seed, epoch, self.stream))
 
     # -- gradients ------------------------------------------------------------------------------
     def _gather(self, name: str, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -268,6 +295,8 @@ class Trainer:
         ``negatives`` the shared negative entities ``(chunks, n)`` of its chunks.
         """
         mode = self.cfg.mode
+        if mode != "negative_sampling" and self.part[1] > 1:
+            batch = batch.tensor_split(self.part[1])[self.part[0]]
         if mode == "negative_sampling":
             assert negatives is not None
             return self._ns_gradients(batch, negatives, global_queries, global_batch)
@@ -313,18 +342,29 @@ class Trainer:
         loss_sum = 0.0
         regularize = self.reg.type != "none" and self.reg.weight > 0
         chunk_off = 0
-        for (side, pos), nc in zip(sides, chunk_counts, strict=True):
+        index, count = self.part
+        queries = 0
+        for (side, pos), n_chunks in zip(sides, chunk_counts, strict=True):
+            if not n_chunks:
+                continue
+            triples, weights = self._side_chunks(pos, n_chunks)
+            # this part's chunks: global chunk ids congruent to the part index
+            mine = torch.arange(n_chunks)[(torch.arange(n_chunks) + chunk_off) % count == index]
+            chunk_neg = negatives[chunk_off + mine]
+            chunk_off += n_chunks
+            nc = int(mine.numel())
             if not nc:
                 continue
-            triples, weights = self._side_chunks(pos, nc)
+            triples = triples[mine]
+            weights = weights.view(n_chunks, c)[mine].reshape(-1)
+            queries += int(weights.sum())
             h = gather("entity", triples[..., 0], (nc, c))
             t = gather("entity", triples[..., 2], (nc, c))
             rel_ids = triples[..., 1]
             if side == "head" and spec.reciprocal:
                 rel_ids = rel_ids + spec.num_relations  # head queries use the inverse relation
             r = gather("relation", rel_ids, (nc, c))
-            cand = gather("entity", negatives[chunk_off : chunk_off + nc], (nc, n))
-            chunk_off += nc
+            cand = gather("entity", chunk_neg, (nc, n))
             if side == "tail":
                 pos_score = inter.score(h, r, t)
                 neg_score = inter.score_tails(h, r, cand)
@@ -351,21 +391,24 @@ class Trainer:
                     h.reshape(flat), r.reshape(flat), t.reshape(flat), weights=weights
                 )
                 total = total + reg / global_batch
-        total.backward()
-        grads = {name: self._coalesce(uses) for name, uses in leaves.items()}
-        return StepResult(loss_sum=loss_sum, queries=int(batch.shape[0]), grads=grads)
+        if leaves["entity"]:
+            total.backward()
+        grads = {name: self._coalesce(uses, name) for name, uses in leaves.items()}
+        return StepResult(loss_sum=loss_sum, queries=queries, grads=grads)
 
-    @staticmethod
-    def _coalesce(uses: list[tuple[Tensor, Tensor]]) -> RowGrad:
+    def _coalesce(self, uses: list[tuple[Tensor, Tensor]], table: str) -> RowGrad:
         """Sum the gradients of gathered rows per unique row id."""
+        if not uses:  # this part had no work in this step
+            width = self.tables[table].shape[1]
+            return RowGrad(torch.zeros(0, dtype=torch.long), torch.zeros(0, width))
         ids = torch.cat([i for i, _ in uses])
-        rows, inv = torch.unique(ids, return_inverse=True)
+        rows, inv, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         values = torch.cat(
             [leaf.grad if leaf.grad is not None else torch.zeros_like(leaf) for _, leaf in uses]
         )
         out = values.new_zeros(rows.shape[0], values.shape[1])
         out.index_add_(0, inv, values)
-        return RowGrad(rows, out)
+        return RowGrad(rows, out, counts)
 
     def _all_entities(self) -> tuple[Tensor, Tensor]:
         table = self.tables["entity"]
@@ -480,16 +523,17 @@ class Trainer:
             result = self.compute_gradients(
                 batch, negatives, global_queries=global_queries, global_batch=b
             )
-            grads = self.aggregate(result.grads) if self.aggregate else result.grads
+            grads = self.exchange.step(result.grads)
             self._clip(grads)
             lr = self.current_lr()
             self.optimizer.step(grads, lr=lr)
             self.global_step += 1
             loss_total += result.loss_sum
             queries_total += result.queries
-            step_loss = result.loss_sum / max(1, result.queries)
+            step_loss = result.loss_sum / max(1, result.queries)  # this part's mean
             for cb in self.callbacks:
                 cb.on_batch_end(self, epoch, step + 1, steps, step_loss)
+        loss_total, queries_total = self.exchange.epoch_end(self, loss_total, queries_total)
         seconds = time.perf_counter() - start
         self.epoch = epoch
         full = steps * bs >= n
@@ -505,6 +549,9 @@ class Trainer:
             lr=lr,
             steps=steps,
         )
+        stats.extra.update(self.exchange.pop_stats())
+        if "comm_seconds" in stats.extra:
+            stats.extra["compute_seconds"] = seconds - stats.extra["comm_seconds"]
         for cb in self.callbacks:
             cb.on_epoch_end(self, stats)
         self.history.append(stats)

@@ -1,0 +1,101 @@
+"""Dask clusters as configuration: a LocalCluster, a LocalCUDACluster, or an existing scheduler."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from kgpipe.config import DistributedConfig
+from kgpipe.errors import ConfigError, KgpipeError
+
+__all__ = ["TorchWorkerSetup", "cluster_kwargs", "open_cluster", "worker_threads"]
+
+
+class TorchWorkerSetup(WorkerPlugin):
+    """Per-worker set-up at worker start: torch threads and environment variables."""
+
+    name = "kgpipe-torch-setup"
+
+    def __init__(self, threads: int, env: dict[str, str] | None = None) -> None:
+        self.threads = threads
+        self.env = dict(env or {})
+
+    def setup(self, worker: Any) -> None:
+        import torch
+
+        os.environ.update(self.env)
+        os.environ["OMP_NUM_THREADS"] = str(self.threads)
+        torch.set_num_threads(self.threads)
+
+
+def worker_threads(cfg: DistributedConfig, cores: int | None = None) -> int:
+    """torch threads per worker so that the machine is not oversubscribed."""
+    if cfg.threads_per_worker:
+        return cfg.threads_per_worker
+    return max(1, (cores or os.cpu_count() or 1) // cfg.workers)
+
+
+def cluster_kwargs(cfg: DistributedConfig) -> dict[str, Any]:
+    """Keyword arguments of the LocalCluster for ``cfg`` (a pure function, tested alone)."""
+    return {
+        "n_workers": cfg.workers,
+        "threads_per_worker": 1,  # one rank per worker; torch uses its own threads
+        "processes": True,
+        "host": "127.0.0.1",
+        "dashboard_address": "127.0.0.1:0",
+        "silence_logs": logging.ERROR,
+    }
+
+
+@contextlib.contextmanager
+def open_cluster(
+    cfg: DistributedConfig, *, log: Callable[[str], None] | None = None
+) -> Iterator[Client]:
+    """A client of the configured cluster with ``cfg.workers`` workers ready; closes what it
+    started."""
+    say = log or (lambda _m: None)
+    owned: Any = None
+    if cfg.cluster == "local":
+        owned = LocalCluster(**cluster_kwargs(cfg))
+        client = Client(owned)
+    elif cfg.cluster == "cuda":
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            raise ConfigError(
+                "distributed.cluster=cuda needs dask-cuda: pip install 'kgpipe[gpu]'"
+            ) from None
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("distributed.cluster=cuda: no CUDA GPU is visible to torch")
+        owned = LocalCUDACluster(n_workers=cfg.workers)
+        client = Client(owned)
+    else:
+        try:
+            client = Client(cfg.cluster, timeout=30)
+        except (OSError, TimeoutError) as err:
+            raise KgpipeError(
+                f"cannot connect to the Dask scheduler {cfg.cluster}: {err}"
+            ) from None
+    try:
+        try:
+            client.wait_for_workers(cfg.workers, timeout=120)
+        except TimeoutError:
+            have = len(client.scheduler_info()["workers"])
+            raise KgpipeError(
+                f"the Dask cluster has {have} workers, distributed.workers asks for {cfg.workers}"
+            ) from None
+        client.register_plugin(TorchWorkerSetup(worker_threads(cfg)))
+        say(f"Dask dashboard: {client.dashboard_link}")
+        yield client
+    finally:
+        client.close()
+        if owned is not None:
+            owned.close()

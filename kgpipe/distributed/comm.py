@@ -1,0 +1,269 @@
+"""Gradient and model exchange between the ranks of a gang (torch.distributed collectives).
+
+Two primitives, both ending with the same result on every rank:
+
+* :func:`Comm.dense_sum` -- ``all_reduce(SUM)`` of one flat buffer (small tables are bucketed into
+  it together with their touched-row masks).
+* :func:`Comm.sparse_sum` -- every rank contributes ``(rows, values)`` of the rows it touched;
+  ``all_gather`` of the padded rows and values, then a per-row sum in rank order (deterministic,
+  so ranks stay bit-identical). With ``compression`` the values travel as int8 with one float
+  scale per row, or as the top-k rows by norm with error feedback (what is not sent is kept and
+  added to the row's next contribution).
+
+Bytes are counted from the tensors handed to each collective: an ``all_gather`` sends this rank's
+payload to the ``W - 1`` others; a ring ``all_reduce`` sends ``2 (W - 1) / W`` of the buffer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from kgpipe.training.optim import RowGrad
+from kgpipe.training.trainer import Exchange, Trainer
+
+__all__ = ["Comm", "EpochExchange", "StepExchange"]
+
+
+@dataclass
+class Comm:
+    """Collectives over the default process group, with time and byte accounting."""
+
+    world_size: int
+    compression: str = "none"
+    topk_ratio: float = 0.1
+    seconds: float = 0.0
+    bytes_sent: int = 0
+    calls: int = 0
+    residual: dict[str, Tensor] = field(default_factory=dict)
+
+    def pop_stats(self) -> dict[str, Any]:
+        out = {
+            "comm_seconds": self.seconds,
+            "bytes_sent": self.bytes_sent,
+            "collectives": self.calls,
+            "world_size": self.world_size,
+        }
+        self.seconds, self.bytes_sent, self.calls = 0.0, 0, 0
+        return out
+
+    # -- primitives -------------------------------------------------------------------------
+    def _all_gather(self, t: Tensor) -> list[Tensor]:
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        t0 = time.perf_counter()
+        dist.all_gather(out, t.contiguous())
+        self.seconds += time.perf_counter() - t0
+        self.bytes_sent += t.numel() * t.element_size() * (self.world_size - 1)
+        self.calls += 1
+        return out
+
+    def dense_sum(self, buffer: Tensor) -> Tensor:
+        """In-place ``all_reduce(SUM)`` of a flat buffer."""
+        t0 = time.perf_counter()
+        dist.all_reduce(buffer)
+        self.seconds += time.perf_counter() - t0
+        w = self.world_size
+        self.bytes_sent += int(buffer.numel() * buffer.element_size() * 2 * (w - 1) / w)
+        self.calls += 1
+        return buffer
+
+    def max_int(self, value: int) -> int:
+        t = torch.tensor([value], dtype=torch.int64)
+        t0 = time.perf_counter()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return int(t[0])
+
+    def sparse_sum(
+        self, key: str, rows: Tensor, values: Tensor, extra: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Sum ``values`` (and uncompressed ``extra`` columns) per row over all ranks.
+
+        Returns the union of the rows (sorted) with their summed values and extras.
+        """
+        values = self._feedback(key, rows, values)
+        counts = self._all_gather(torch.tensor([rows.numel()], dtype=torch.int64))
+        width = max(int(c[0]) for c in counts)
+        pad = width - rows.numel()
+        d = values.shape[1]
+        rows_p = torch.cat((rows, rows.new_full((pad,), -1)))
+        payload: list[Tensor] = []
+        if self.compression == "int8":
+            scale = values.abs().amax(dim=1).clamp_min(1e-30) / 127.0
+            q = torch.round(values / scale.unsqueeze(1)).to(torch.int8)
+            payload = [
+                torch.cat((q, q.new_zeros(pad, d))),
+                torch.cat((scale, scale.new_zeros(pad))),
+            ]
+        else:
+            payload = [torch.cat((values, values.new_zeros(pad, d)))]
+        if extra is not None:
+            payload.append(torch.cat((extra, extra.new_zeros(pad, extra.shape[1]))))
+        all_rows = torch.cat(self._all_gather(rows_p))
+        gathered = [torch.cat(self._all_gather(p)) for p in payload]
+        keep = all_rows >= 0
+        all_rows = all_rows[keep]
+        if self.compression == "int8":
+            vals = gathered[0][keep].float() * gathered[1][keep].unsqueeze(1)
+        else:
+            vals = gathered[0][keep]
+        ext = gathered[-1][keep] if extra is not None else None
+        out_rows, inv = torch.unique(all_rows, return_inverse=True)
+        summed = vals.new_zeros(out_rows.numel(), d).index_add_(0, inv, vals)
+        ext_sum = None
+        if ext is not None:
+            ext_sum = ext.new_zeros(out_rows.numel(), ext.shape[1]).index_add_(0, inv, ext)
+        return out_rows, summed, ext_sum
+
+    def _feedback(self, key: str, rows: Tensor, values: Tensor) -> Tensor:
+        """Top-k compression with error feedback: add the stored residual of these rows, keep the
+        ``topk_ratio`` rows of largest norm, store the rest as the new residual."""
+        if self.compression != "topk" or rows.numel() == 0:
+            return values
+        res = self.residual.get(key)
+        if res is None:
+            return self._topk(key, rows, values, None)
+        return self._topk(key, rows, values + res.index_select(0, rows), res)
+
+    def _topk(self, key: str, rows: Tensor, values: Tensor, res: Tensor | None) -> Tensor:
+        k = max(1, round(self.topk_ratio * rows.numel()))
+        norms = values.norm(dim=1)
+        top = torch.topk(norms, k).indices
+        sent = torch.zeros_like(values)
+        sent[top] = values[top]
+        if res is None:
+            width = values.shape[1]
+            size = int(rows.max()) + 1 if rows.numel() else 0
+            res = self.residual[key] = torch.zeros(max(size, 1), width)
+        if int(rows.max()) >= res.shape[0]:  # grow lazily to the largest row seen
+            grown = torch.zeros(int(rows.max()) + 1, res.shape[1])
+            grown[: res.shape[0]] = res
+            res = self.residual[key] = grown
+        res.index_copy_(0, rows, values - sent)
+        return sent
+
+
+class StepExchange(Exchange):
+    """Synchronous data parallelism: sum the ranks' row gradients every step.
+
+    Relation tables (small) always go through one bucketed dense ``all_reduce`` together with a
+    touched-row mask. Entity tables use the sparse exchange of touched rows unless ``mode`` is
+    ``dense``, or ``auto`` finds the dense buffer smaller than what the ranks would gather.
+    Compression forces the sparse path (an ``all_reduce`` cannot sum int8 or top-k payloads).
+    """
+
+    def __init__(
+        self, comm: Comm, *, mode: str = "auto", dense_tables: tuple[str, ...] = ("relation",)
+    ) -> None:
+        self.comm = comm
+        self.mode = mode
+        self.dense_tables = dense_tables
+        self._tables: dict[str, Tensor] = {}
+
+    def bind(self, trainer: Trainer) -> None:
+        self._tables = trainer.tables
+
+    def _use_dense(self, name: str, grad: RowGrad, table: Tensor) -> bool:
+        if self.comm.compression != "none":
+            return False
+        if name in self.dense_tables or self.mode == "dense":
+            return True
+        if self.mode == "sparse":
+            return False
+        # all_gather moves W x touched rows; a ring all_reduce moves ~2 x the table
+        w = self.comm.world_size
+        return 2 * table.shape[0] < w * max(1, grad.rows.numel())
+
+    def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
+        out: dict[str, RowGrad] = {}
+        dense = [n for n, g in grads.items() if self._use_dense(n, g, self._tables[n])]
+        if dense:
+            # one bucket: [table rows x (width + 1 mask column)] for every dense table
+            parts = []
+            for n in dense:
+                t = self._tables[n]
+                buf = torch.zeros(t.shape[0], t.shape[1] + 1)
+                g = grads[n]
+                buf[g.rows, :-1] = g.values
+                buf[g.rows, -1] = 1.0
+                parts.append(buf)
+            flat = self.comm.dense_sum(torch.cat([p.reshape(-1) for p in parts]))
+            off = 0
+            for n, p in zip(dense, parts, strict=True):
+                buf = flat[off : off + p.numel()].view_as(p)
+                off += p.numel()
+                rows = (buf[:, -1] > 0).nonzero().squeeze(-1)
+                out[n] = RowGrad(rows, buf[rows, :-1].contiguous())
+        for n, g in grads.items():
+            if n in out:
+                continue
+            rows, values, _ = self.comm.sparse_sum(n, g.rows, g.values)
+            out[n] = RowGrad(rows, values)
+        return out
+
+    def epoch_end(self, trainer: Trainer, loss_sum: float, queries: int) -> tuple[float, int]:
+        buf = self.comm.dense_sum(torch.tensor([loss_sum, float(queries)], dtype=torch.float64))
+        return float(buf[0]), int(buf[1])
+
+    def pop_stats(self) -> dict[str, Any]:
+        return self.comm.pop_stats()
+
+
+class EpochExchange(Exchange):
+    """Model averaging once per epoch.
+
+    Every rank starts the epoch from the same parameters and trains its own shards. At the end,
+    for every row, the ranks' parameter changes are averaged weighted by how many samples touched
+    the row on each rank; the optimiser state is combined with the same weights, so all ranks
+    continue from identical parameters and state. This is model averaging, not gradient
+    aggregation: it trades some quality per epoch for one exchange per epoch.
+    """
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+        self._start: dict[str, Tensor] = {}
+        self._counts: dict[str, Tensor] = {}
+
+    def bind(self, trainer: Trainer) -> None:
+        self._snapshot(trainer)
+
+    def _snapshot(self, trainer: Trainer) -> None:
+        self._start = {k: t.clone() for k, t in trainer.tables.items()}
+        self._counts = {k: torch.zeros(t.shape[0]) for k, t in trainer.tables.items()}
+
+    def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
+        for name, g in grads.items():
+            c = g.counts.double() if g.counts is not None else torch.ones(g.rows.numel())
+            self._counts[name].index_add_(0, g.rows, c.float())
+        return grads
+
+    def epoch_end(self, trainer: Trainer, loss_sum: float, queries: int) -> tuple[float, int]:
+        opt = trainer.optimizer
+        state = opt.state_dict()
+        for name, table in trainer.tables.items():
+            counts = self._counts[name]
+            rows = (counts > 0).nonzero().squeeze(-1)
+            c = counts[rows].unsqueeze(1)
+            delta = (table[rows] - self._start[name][rows]) * c
+            slots = [k for k in state if k.startswith(f"{name}.")]
+            extra = torch.cat([c] + [state[k][rows] * c for k in slots], dim=1)
+            out_rows, summed, ext = self.comm.sparse_sum(f"epoch.{name}", rows, delta, extra)
+            assert ext is not None
+            total = ext[:, :1]
+            table[out_rows] = self._start[name][out_rows] + summed / total
+            for i, k in enumerate(slots, start=1):
+                w = state[k].shape[1]
+                state[k][out_rows] = ext[:, 1 + (i - 1) * w : 1 + i * w] / total
+        opt.step_count = self.comm.max_int(opt.step_count)
+        buf = self.comm.dense_sum(torch.tensor([loss_sum, float(queries)], dtype=torch.float64))
+        self._snapshot(trainer)
+        return float(buf[0]), int(buf[1])
+
+    def pop_stats(self) -> dict[str, Any]:
+        return self.comm.pop_stats()

@@ -1,0 +1,134 @@
+"""Gang launch: one long task per Dask worker, all or nothing.
+
+Dask has no gang scheduling, so this module enforces it: every rank is pinned to its own worker
+(``workers=[addr]``, ``allow_other_workers=False``, ``pure=False``); the driver watches the futures
+and the scheduler's worker list, and when any rank raises or its worker disappears, it cancels
+the others and raises :class:`GangError` naming the rank and the worker. Ranks blocked in a
+collective are released by the collective timeout or by their peer's closed connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from distributed import Client, Future, Queue
+
+from kgpipe.errors import KgpipeError
+
+__all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
+
+
+class GangError(KgpipeError):
+    """A rank of the gang failed or its worker died; the message names both."""
+
+    def __init__(self, message: str, *, rank: int, worker: str) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.worker = worker
+
+
+def free_port() -> int:
+    """A free TCP port on this host (run on the worker that will host the rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def pick_workers(client: Client, n: int) -> list[str]:
+    """``n`` worker addresses, in a stable order."""
+    workers = sorted(client.scheduler_info()["workers"])
+    if len(workers) < n:
+        raise KgpipeError(f"the Dask cluster has {len(workers)} workers, the gang needs {n}")
+    return workers[:n]
+
+
+def _host(address: str) -> str:
+    return address.split("://", 1)[-1].rsplit(":", 1)[0]
+
+
+def launch_gang(
+    client: Client,
+    fn: Callable[..., Any],
+    make_spec: Callable[[int, str, int], Any],
+    *,
+    world_size: int,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    poll_s: float = 0.25,
+) -> list[Any]:
+    """Run ``fn(make_spec(rank, master_addr, master_port))`` on ``world_size`` workers.
+
+    ``make_spec(rank, master_addr, master_port)`` builds each rank's argument; the ranks find
+    a fresh rendezvous port on rank 0's host. Events that ranks put on the Dask queue named in
+    ``spec.queue`` are passed to ``on_event`` as they arrive. Returns the ranks' results.
+    """
+    workers = pick_workers(client, world_size)
+    master = _host(workers[0])
+    port = client.submit(free_port, workers=[workers[0]], pure=False).result(timeout=60)
+    tag = uuid.uuid4().hex[:8]
+    futures: list[Future] = []
+    for rank, addr in enumerate(workers):
+        futures.append(
+            client.submit(
+                fn,
+                make_spec(rank, master, port),
+                workers=[addr],
+                allow_other_workers=False,
+                pure=False,
+                retries=0,
+                key=f"kgpipe-rank-{rank}-{tag}",
+            )
+        )
+    queue_name = getattr(make_spec(0, master, port), "queue", None)
+    queue = Queue(queue_name, client=client) if queue_name else None
+    try:
+        while True:
+            time.sleep(poll_s)
+            _drain(queue, on_event)
+            for rank, fut in enumerate(futures):
+                if fut.status == "error":
+                    exc = fut.exception()
+                    raise GangError(
+                        f"rank {rank} on worker {workers[rank]} failed: "
+                        f"{type(exc).__name__}: {exc}",
+                        rank=rank,
+                        worker=workers[rank],
+                    )
+                if fut.status == "cancelled":
+                    raise GangError(
+                        f"rank {rank} on worker {workers[rank]} was cancelled",
+                        rank=rank,
+                        worker=workers[rank],
+                    )
+            if all(f.status == "finished" for f in futures):
+                _drain(queue, on_event)
+                return [f.result() for f in futures]
+            alive = set(client.scheduler_info()["workers"])
+            for rank, addr in enumerate(workers):
+                if addr not in alive and futures[rank].status != "finished":
+                    raise GangError(
+                        f"rank {rank}: its worker {addr} died (process killed or lost)",
+                        rank=rank,
+                        worker=addr,
+                    )
+    except BaseException:
+        client.cancel(futures, force=True)
+        raise
+
+
+def _drain(queue: Queue | None, on_event: Callable[[dict[str, Any]], None] | None) -> None:
+    if queue is None:
+        return
+    while True:
+        try:
+            n = queue.qsize()
+        except Exception:
+            return
+        if not n:
+            return
+        for item in queue.get(batch=n):
+            if on_event is not None:
+                on_event(item)

@@ -1,0 +1,99 @@
+"""Training triples as shuffled shards in the run folder, with a manifest written last.
+
+The number of shards is a setting of the data, not of the cluster, so a run can resume on a
+different number of workers; rank ``r`` of ``W`` reads shards ``r, r + W, ...`` (epoch-level
+synchronisation) or all of them (step-level synchronisation, where every rank builds the same
+global batch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kgpipe.errors import RunError
+from kgpipe.storage import Store
+
+__all__ = ["MANIFEST", "ShardManifest", "read_manifest", "read_shards", "stage_shards"]
+
+MANIFEST = "data/shards/manifest.json"
+
+
+@dataclass(frozen=True)
+class ShardManifest:
+    """What :func:`stage_shards` wrote: one entry per shard (file, triples, sha256)."""
+
+    num_shards: int
+    total: int
+    seed: int
+    files: tuple[str, ...]
+    counts: tuple[int, ...]
+    sha256: tuple[str, ...]
+
+    def shards_of(self, rank: int, world_size: int) -> list[int]:
+        return list(range(rank, self.num_shards, world_size))
+
+
+def stage_shards(train: Tensor, store: Store, *, num_shards: int, seed: int) -> ShardManifest:
+    """Shuffle ``train`` with ``seed`` and write ``num_shards`` ``.npy`` shards plus a manifest."""
+    gen = torch.Generator().manual_seed(seed)
+    shuffled = train[torch.randperm(train.shape[0], generator=gen)].numpy().astype(np.int64)
+    files, counts, sums = [], [], []
+    for i, part in enumerate(np.array_split(shuffled, num_shards)):
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(part), allow_pickle=False)
+        data = buf.getvalue()
+        name = f"data/shards/shard-{i:05d}.npy"
+        store.write_bytes(name, data)
+        files.append(name)
+        counts.append(int(part.shape[0]))
+        sums.append(hashlib.sha256(data).hexdigest())
+    manifest = ShardManifest(
+        num_shards, int(train.shape[0]), seed, tuple(files), tuple(counts), tuple(sums)
+    )
+    store.write_json(
+        MANIFEST,
+        {
+            "num_shards": num_shards,
+            "total": manifest.total,
+            "seed": seed,
+            "shards": [
+                {"file": f, "count": c, "sha256": h}
+                for f, c, h in zip(files, counts, sums, strict=True)
+            ],
+        },
+    )
+    return manifest
+
+
+def read_manifest(store: Store) -> ShardManifest:
+    if not store.exists(MANIFEST):
+        raise RunError(f"{store.url_of(MANIFEST)}: no shard manifest (data not staged)")
+    m = store.read_json(MANIFEST)
+    shards = m["shards"]
+    return ShardManifest(
+        m["num_shards"],
+        m["total"],
+        m["seed"],
+        tuple(s["file"] for s in shards),
+        tuple(s["count"] for s in shards),
+        tuple(s["sha256"] for s in shards),
+    )
+
+
+def read_shards(store: Store, manifest: ShardManifest, ids: list[int]) -> Tensor:
+    """Concatenate shards ``ids`` (in order), verifying each file's sha256."""
+    parts = []
+    for i in ids:
+        data = store.read_bytes(manifest.files[i])
+        if hashlib.sha256(data).hexdigest() != manifest.sha256[i]:
+            raise RunError(f"{store.url_of(manifest.files[i])}: checksum mismatch (corrupt shard)")
+        parts.append(np.load(io.BytesIO(data), allow_pickle=False))
+    if not parts:
+        return torch.zeros(0, 3, dtype=torch.long)
+    return torch.from_numpy(np.concatenate(parts))

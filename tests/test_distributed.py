@@ -1,0 +1,116 @@
+"""Distributed training on a real Dask LocalCluster with a gloo process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kgpipe.config import parse_config
+from kgpipe.distributed.cluster import cluster_kwargs, worker_threads
+from kgpipe.distributed.gang import GangError
+from kgpipe.run import train
+
+BASE = {
+    "run": {"seed": 3},
+    "data": {"dataset": "umls"},
+    "evaluation": {"test": False},
+}
+
+
+def _run(tmp_path: Path, name: str, **sections: dict) -> dict[str, torch.Tensor]:
+    data = {**BASE, **sections, "run": {**BASE["run"], "root": str(tmp_path), "name": name}}
+    train(parse_config(data))
+    return load_file(tmp_path / name / "model.safetensors")
+
+
+@pytest.mark.parametrize("model", ["transe", "complex"])
+@pytest.mark.parametrize("exchange", ["dense", "sparse"])
+def test_step_sync_equals_single_process(tmp_path: Path, model: str, exchange: str) -> None:
+    """2 ranks with step-level sync end where one process ends (same global batch and seed)."""
+    sections = {
+        "model": {"name": model, "dim": 32, "init": "uniform", "init_scale": 0.1},
+        "training": {"epochs": 2, "batch_size": 512, "negatives": 32, "chunk_size": 64,
+                     "loss": "margin", "lr": 0.01},
+    }  # fmt: skip
+    single = _run(tmp_path, "single", **sections)
+    gang = _run(
+        tmp_path, "gang", **sections,
+        distributed={"workers": 2, "sync": "step", "exchange": exchange},
+    )  # fmt: skip
+    for key in ("entity", "relation"):
+        diff = (single[key] - gang[key]).abs().max().item()
+        assert diff <= 1e-5, (key, diff)
+    # and training did move the parameters
+    init = _run(tmp_path, "init", **{**sections, "training": {**sections["training"], "epochs": 0}})
+    assert (init["entity"] - gang["entity"]).abs().max() > 1e-3
+    metrics = [
+        json.loads(x) for x in (tmp_path / "gang" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["world_size"] for m in metrics] == [2, 2]
+    assert all(m["bytes_sent"] > 0 and m["comm_seconds"] >= 0 for m in metrics)
+
+
+def test_cluster_spec_is_pure() -> None:
+    cfg = parse_config({**BASE, "distributed": {"workers": 2}}).distributed
+    kw = cluster_kwargs(cfg)
+    assert kw["n_workers"] == 2 and kw["threads_per_worker"] == 1 and kw["host"] == "127.0.0.1"
+    assert worker_threads(cfg, cores=8) == 4
+    assert worker_threads(cfg, cores=1) == 1
+
+
+def _worker_pids() -> list[int]:
+    """Dask nanny/worker processes started from this process (multiprocessing spawn children;
+    multiprocessing's resource tracker lives as long as this process and is not counted)."""
+    import psutil
+
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(p.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if "spawn_main" in cmd:
+            out.append(p.pid)
+    return out
+
+
+def test_killed_worker_fails_the_epoch_promptly_and_leaves_no_process(tmp_path: Path) -> None:
+    from kgpipe.training import Callback
+
+    class KillOnce(Callback):
+        killed: int | None = None
+
+        def on_batch_end(self, trainer, epoch, step, steps, loss):  # type: ignore[no-untyped-def]
+            if self.killed is None and trainer.global_step >= 2:
+                self.killed = _worker_pids()[-1]  # a worker process (nannies run in-process)
+                os.kill(self.killed, signal.SIGKILL)
+
+    killer = KillOnce()
+    data = {
+        **BASE,
+        "run": {**BASE["run"], "root": str(tmp_path), "name": "killed"},
+        "model": {"name": "complex", "dim": 64},
+        "training": {"epochs": 50, "batch_size": 64, "mode": "1vsall", "loss": "cross_entropy"},
+        "distributed": {"workers": 2, "timeout_s": 20},
+    }
+    t0 = time.monotonic()
+    with pytest.raises(GangError) as err:
+        train(parse_config(data), callbacks=[killer])
+    elapsed = time.monotonic() - t0
+    assert killer.killed is not None
+    assert "rank" in str(err.value) and "tcp://127.0.0.1:" in str(err.value)
+    assert elapsed < 60, elapsed
+    deadline = time.monotonic() + 15
+    while _worker_pids() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    import psutil
+
+    left = [" ".join(psutil.Process(p).cmdline())[:200] for p in _worker_pids()]
+    assert left == []  # the cluster and all its processes are gone
