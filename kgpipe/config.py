@@ -284,10 +284,29 @@ class DistributedConfig(_Frozen):
         default=None, ge=1, description="torch threads per worker (default: cores // workers)."
     )
 
+    launch: Literal["auto", "in_process", "dask"] = Field(
+        default="auto",
+        description=(
+            "auto: in this process when workers == 1 and cluster is `local`, else on Dask; "
+            "`dask` forces a gang even of one worker (to measure or debug the Dask path)."
+        ),
+    )
+
     @property
     def uses_dask(self) -> bool:
         """Whether training runs as a gang on Dask (else in this process)."""
+        if self.launch != "auto":
+            return self.launch == "dask"
         return self.workers > 1 or self.cluster != "local"
+
+    @model_validator(mode="after")
+    def _launch(self) -> DistributedConfig:
+        if self.launch == "in_process" and (self.workers > 1 or self.cluster != "local"):
+            raise ValueError("distributed.launch=in_process needs workers: 1 and cluster: local")
+        if self.compression == "topk" and self.sync == "epoch":
+            # rows left out would keep rank-local values and the ranks would drift apart
+            raise ValueError("distributed.compression=topk works with sync=step only")
+        return self
 
 
 class RunConfig(_Frozen):

@@ -8,13 +8,20 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from kgpipe.config import DistributedConfig
 from kgpipe.errors import ConfigError, KgpipeError
 
-__all__ = ["TorchWorkerSetup", "cluster_kwargs", "open_cluster", "worker_threads"]
+__all__ = [
+    "TorchWorkerSetup",
+    "cluster_kwargs",
+    "open_cluster",
+    "worker_environ",
+    "worker_threads",
+]
 
 
 class TorchWorkerSetup(WorkerPlugin):
@@ -41,6 +48,17 @@ def worker_threads(cfg: DistributedConfig, cores: int | None = None) -> int:
     return max(1, (cores or os.cpu_count() or 1) // cfg.workers)
 
 
+def worker_environ(cfg: DistributedConfig) -> dict[str, str]:
+    """Environment of the worker processes we start.
+
+    Dask's default sets ``MALLOC_TRIM_THRESHOLD_=65536``, which makes glibc return memory to the
+    OS on nearly every free: measured 4x slower training steps here (41k vs 160k triples/s on
+    FB15k-237). We leave malloc alone and give OpenMP/BLAS the worker's share of the cores.
+    """
+    threads = str(worker_threads(cfg))
+    return {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads}
+
+
 def cluster_kwargs(cfg: DistributedConfig) -> dict[str, Any]:
     """Keyword arguments of the LocalCluster for ``cfg`` (a pure function, tested alone)."""
     return {
@@ -62,7 +80,8 @@ def open_cluster(
     say = log or (lambda _m: None)
     owned: Any = None
     if cfg.cluster == "local":
-        owned = LocalCluster(**cluster_kwargs(cfg))
+        with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ(cfg)}):
+            owned = LocalCluster(**cluster_kwargs(cfg))
         client = Client(owned)
     elif cfg.cluster == "cuda":
         try:

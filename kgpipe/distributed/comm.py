@@ -87,7 +87,8 @@ class Comm:
 
         Returns the union of the rows (sorted) with their summed values and extras.
         """
-        values = self._feedback(key, rows, values)
+        if extra is None:  # compress only what has no uncompressed companion columns
+            rows, values = self._feedback(key, rows, values)
         counts = self._all_gather(torch.tensor([rows.numel()], dtype=torch.int64))
         width = max(int(c[0]) for c in counts)
         pad = width - rows.numel()
@@ -105,8 +106,23 @@ class Comm:
             payload = [torch.cat((values, values.new_zeros(pad, d)))]
         if extra is not None:
             payload.append(torch.cat((extra, extra.new_zeros(pad, extra.shape[1]))))
-        all_rows = torch.cat(self._all_gather(rows_p))
-        gathered = [torch.cat(self._all_gather(p)) for p in payload]
+        # one all_gather for rows and float payloads: int64 row ids travel bit-exactly as two
+        # float32 columns next to the values (and scales/extras); int8 values go separately
+        floats = [p for p in payload if p.dtype == torch.float32]
+        ints = [p for p in payload if p.dtype != torch.float32]
+        cols = [rows_p.view(torch.float32).view(-1, 2)] + [
+            p if p.dim() == 2 else p.unsqueeze(1) for p in floats
+        ]
+        packed = torch.cat(self._all_gather(torch.cat(cols, dim=1)))
+        all_rows = packed[:, :2].contiguous().view(torch.int64).view(-1)
+        unpacked, off = [], 2
+        for p in floats:
+            w = p.shape[1] if p.dim() == 2 else 1
+            col = packed[:, off : off + w]
+            unpacked.append(col if p.dim() == 2 else col.squeeze(1))
+            off += w
+        gathered_ints = [torch.cat(self._all_gather(p)) for p in ints]
+        gathered = [gathered_ints[0], unpacked[0], *unpacked[1:]] if ints else unpacked
         keep = all_rows >= 0
         all_rows = all_rows[keep]
         if self.compression == "int8":
@@ -121,32 +137,28 @@ class Comm:
             ext_sum = ext.new_zeros(out_rows.numel(), ext.shape[1]).index_add_(0, inv, ext)
         return out_rows, summed, ext_sum
 
-    def _feedback(self, key: str, rows: Tensor, values: Tensor) -> Tensor:
-        """Top-k compression with error feedback: add the stored residual of these rows, keep the
-        ``topk_ratio`` rows of largest norm, store the rest as the new residual."""
-        if self.compression != "topk" or rows.numel() == 0:
-            return values
-        res = self.residual.get(key)
-        if res is None:
-            return self._topk(key, rows, values, None)
-        return self._topk(key, rows, values + res.index_select(0, rows), res)
+    def _feedback(self, key: str, rows: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        """Top-k compression with error feedback.
 
-    def _topk(self, key: str, rows: Tensor, values: Tensor, res: Tensor | None) -> Tensor:
-        k = max(1, round(self.topk_ratio * rows.numel()))
-        norms = values.norm(dim=1)
-        top = torch.topk(norms, k).indices
-        sent = torch.zeros_like(values)
-        sent[top] = values[top]
-        if res is None:
-            width = values.shape[1]
-            size = int(rows.max()) + 1 if rows.numel() else 0
-            res = self.residual[key] = torch.zeros(max(size, 1), width)
-        if int(rows.max()) >= res.shape[0]:  # grow lazily to the largest row seen
-            grown = torch.zeros(int(rows.max()) + 1, res.shape[1])
-            grown[: res.shape[0]] = res
+        The stored residual of these rows is added to their values; the ``topk_ratio`` share of
+        rows with the largest norm is sent, the rest becomes the new residual (and is sent when
+        the row is touched again).
+        """
+        if self.compression != "topk" or rows.numel() == 0:
+            return rows, values
+        res = self.residual.get(key)
+        need = int(rows.max()) + 1
+        if res is None or res.shape[0] < need:  # grow lazily to the largest row seen
+            grown = torch.zeros(need, values.shape[1])
+            if res is not None:
+                grown[: res.shape[0]] = res
             res = self.residual[key] = grown
-        res.index_copy_(0, rows, values - sent)
-        return sent
+        values = values + res.index_select(0, rows)
+        k = max(1, round(self.topk_ratio * rows.numel()))
+        top = torch.topk(values.norm(dim=1), k).indices.sort().values
+        res.index_copy_(0, rows, values)
+        res.index_fill_(0, rows[top], 0.0)
+        return rows[top], values[top]
 
 
 class StepExchange(Exchange):
@@ -207,9 +219,12 @@ class StepExchange(Exchange):
             out[n] = RowGrad(rows, values)
         return out
 
-    def epoch_end(self, trainer: Trainer, loss_sum: float, queries: int) -> tuple[float, int]:
+    def epoch_end(
+        self, trainer: Trainer, loss_sum: float, queries: int, triples: int
+    ) -> tuple[float, int, int]:
+        # every rank saw the whole global batch: triples are already global
         buf = self.comm.dense_sum(torch.tensor([loss_sum, float(queries)], dtype=torch.float64))
-        return float(buf[0]), int(buf[1])
+        return float(buf[0]), int(buf[1]), triples
 
     def pop_stats(self) -> dict[str, Any]:
         return self.comm.pop_stats()
@@ -243,7 +258,9 @@ class EpochExchange(Exchange):
             self._counts[name].index_add_(0, g.rows, c.float())
         return grads
 
-    def epoch_end(self, trainer: Trainer, loss_sum: float, queries: int) -> tuple[float, int]:
+    def epoch_end(
+        self, trainer: Trainer, loss_sum: float, queries: int, triples: int
+    ) -> tuple[float, int, int]:
         opt = trainer.optimizer
         state = opt.state_dict()
         for name, table in trainer.tables.items():
@@ -261,9 +278,11 @@ class EpochExchange(Exchange):
                 w = state[k].shape[1]
                 state[k][out_rows] = ext[:, 1 + (i - 1) * w : 1 + i * w] / total
         opt.step_count = self.comm.max_int(opt.step_count)
-        buf = self.comm.dense_sum(torch.tensor([loss_sum, float(queries)], dtype=torch.float64))
+        buf = self.comm.dense_sum(
+            torch.tensor([loss_sum, float(queries), float(triples)], dtype=torch.float64)
+        )
         self._snapshot(trainer)
-        return float(buf[0]), int(buf[1])
+        return float(buf[0]), int(buf[1]), int(buf[2])
 
     def pop_stats(self) -> dict[str, Any]:
         return self.comm.pop_stats()

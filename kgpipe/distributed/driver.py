@@ -11,7 +11,7 @@ from typing import Any, cast
 from torch import Tensor
 
 from kgpipe.config import RunConfig, TrainingConfig
-from kgpipe.distributed.cluster import open_cluster
+from kgpipe.distributed.cluster import open_cluster, worker_threads
 from kgpipe.distributed.gang import launch_gang
 from kgpipe.distributed.rank import RankSpec, rank_main
 from kgpipe.storage import Store
@@ -71,6 +71,7 @@ def train_on_dask(
             num_entities=num_entities,
             num_relations=num_relations,
             queue=queue,
+            threads=worker_threads(dcfg),
         )
 
     def on_event(event: dict[str, Any]) -> None:

@@ -40,7 +40,7 @@ def free_port() -> int:
 
 def pick_workers(client: Client, n: int) -> list[str]:
     """``n`` worker addresses, in a stable order."""
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
     if len(workers) < n:
         raise KgpipeError(f"the Dask cluster has {len(workers)} workers, the gang needs {n}")
     return workers[:n]
@@ -84,6 +84,7 @@ def launch_gang(
         )
     queue_name = getattr(make_spec(0, master, port), "queue", None)
     queue = Queue(queue_name, client=client) if queue_name else None
+    missing: set[int] = set()
     try:
         while True:
             time.sleep(poll_s)
@@ -106,9 +107,13 @@ def launch_gang(
             if all(f.status == "finished" for f in futures):
                 _drain(queue, on_event)
                 return [f.result() for f in futures]
-            alive = set(client.scheduler_info()["workers"])
+            alive = set(client.scheduler_info(n_workers=-1)["workers"])
             for rank, addr in enumerate(workers):
-                if addr not in alive and futures[rank].status != "finished":
+                if addr in alive or futures[rank].status == "finished":
+                    missing.discard(rank)
+                elif rank not in missing:  # confirm on the next poll before failing the gang
+                    missing.add(rank)
+                else:
                     raise GangError(
                         f"rank {rank}: its worker {addr} died (process killed or lost)",
                         rank=rank,

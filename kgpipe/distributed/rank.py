@@ -21,7 +21,7 @@ from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.distributed.sharding import read_manifest, read_shards
 from kgpipe.models.model import KGEModel
 from kgpipe.storage import Store
-from kgpipe.training import Callback, EpochStats, Trainer
+from kgpipe.training import Callback, EpochStats, Exchange, Trainer
 
 __all__ = ["RankSpec", "rank_main"]
 
@@ -40,6 +40,7 @@ class RankSpec:
     num_entities: int
     num_relations: int
     queue: str | None = None
+    threads: int | None = None
 
 
 class _Reporter(Callback):
@@ -81,6 +82,9 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     """Train as rank ``spec.rank``; rank 0 returns the final tables and the epoch history."""
     config = parse_config(spec.config)
     dcfg = config.distributed
+    if spec.threads:
+        # OpenMP's thread count is per calling thread: set it in the thread that runs the task
+        torch.set_num_threads(spec.threads)
     store = Store(spec.run_url, spec.storage_options)
     dist.init_process_group(
         _backend(config),
@@ -106,8 +110,12 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         )
         comm = Comm(spec.world_size, compression=dcfg.compression, topk_ratio=dcfg.topk_ratio)
         training = config.training
-        if step_sync:
-            exchange: StepExchange | EpochExchange = StepExchange(comm, mode=dcfg.exchange)
+        exchange: Exchange
+        if spec.world_size == 1:
+            exchange = Exchange()  # a gang of one has nothing to exchange
+            part, stream = (0, 1), 0
+        elif step_sync:
+            exchange = StepExchange(comm, mode=dcfg.exchange)
             part, stream = (spec.rank, spec.world_size), 0
         else:
             exchange = EpochExchange(comm)

@@ -129,10 +129,12 @@ class Exchange:
         """Combine the ranks' row gradients of one step (step-level synchronisation)."""
         return grads
 
-    def epoch_end(self, trainer: Trainer, loss_sum: float, queries: int) -> tuple[float, int]:
+    def epoch_end(
+        self, trainer: Trainer, loss_sum: float, queries: int, triples: int
+    ) -> tuple[float, int, int]:
         """Combine models after an epoch (epoch-level synchronisation); return the global
-        ``(loss_sum, queries)`` of the epoch."""
-        return loss_sum, queries
+        ``(loss_sum, queries, triples)`` of the epoch."""
+        return loss_sum, queries, triples
 
     def pop_stats(self) -> dict[str, Any]:
         """Communication statistics since the last call (seconds, bytes sent, ...)."""
@@ -533,14 +535,16 @@ class Trainer:
             step_loss = result.loss_sum / max(1, result.queries)  # this part's mean
             for cb in self.callbacks:
                 cb.on_batch_end(self, epoch, step + 1, steps, step_loss)
-        loss_total, queries_total = self.exchange.epoch_end(self, loss_total, queries_total)
-        seconds = time.perf_counter() - start
-        self.epoch = epoch
         full = steps * bs >= n
         if self.kvsall is None:
             triples = n if full else steps * bs
         else:  # KvsAll steps over queries; report the training triples they cover
             triples = int(self.train_triples.shape[0]) if full else steps * bs
+        loss_total, queries_total, triples = self.exchange.epoch_end(
+            self, loss_total, queries_total, triples
+        )
+        seconds = time.perf_counter() - start
+        self.epoch = epoch
         stats = EpochStats(
             epoch=epoch,
             loss=loss_total / max(1, queries_total),
