@@ -9,6 +9,7 @@ step this is exactly dense Adam / Adagrad (tested against ``torch.optim``).
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,7 @@ class RowGrad:
     counts: Tensor | None = None  # int64 (u,): how many samples touched each row
 
 
-class RowOptimizer:
+class RowOptimizer(ABC):
     """Base: holds per-table state tensors shaped like the tables."""
 
     def __init__(self, tables: dict[str, Tensor], *, lr: float, eps: float) -> None:
@@ -42,15 +43,17 @@ class RowOptimizer:
             if g.rows.numel():
                 self._update(name, g.rows, g.values, lr)
 
+    @abstractmethod
     def _update(self, name: str, rows: Tensor, grad: Tensor, lr: float) -> None:
-        raise NotImplementedError
+        """Apply one step to ``rows`` of table ``name``."""
 
+    @abstractmethod
     def state_dict(self) -> dict[str, Tensor]:
         """State tensors keyed ``{table}.{slot}`` plus ``step`` (safetensors-friendly)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        raise NotImplementedError
+        """Restore what :meth:`state_dict` returned."""
 
 
 class RowAdam(RowOptimizer):
