@@ -3,6 +3,7 @@ and throughput of 1 vs 2 workers against the in-process loop.
 
     .venv/bin/python bench/gang.py quality --json bench/results/distributed_quality_umls.json
     .venv/bin/python bench/gang.py speed --json bench/results/distributed_speed_fb15k237.json
+    .venv/bin/python bench/gang.py short --epochs 10 --json bench/results/distributed_fb15k237_short.json
 
 ``quality``: the shipped UMLS config (or ``--config``) trained in-process and with 2 workers in
 every mode (step sync, epoch sync, step sync with int8 and with top-k compression); test MRR,
@@ -11,6 +12,9 @@ bytes sent per epoch (counted from the tensors handed to the collectives) and wa
 ``speed``: FB15k-237 epochs (TransE, d=200, batch 1024, 256 negatives; ``--epochs``) in-process,
 on a 1-worker Dask cluster (the overhead of the Dask path) and on 2 workers with step sync;
 triples/s, compute vs communication seconds per epoch.
+
+``short``: FB15k-237 test MRR after ``--epochs`` epochs in one process and with 2 workers
+(epoch sync, step sync).
 """
 
 from __future__ import annotations
@@ -86,9 +90,20 @@ def speed(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
     return out
 
 
+def short(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
+    """FB15k-237 test MRR after ``--epochs`` epochs: one process vs 2 workers (epoch, step)."""
+    base = [f"data.root={args.data_root}", f"training.epochs={args.epochs}", "evaluation.every=0"]
+    variants = {
+        "single": [],
+        "epoch-2": ["distributed.workers=2", "distributed.sync=epoch"],
+        "step-2": ["distributed.workers=2", "distributed.sync=step"],
+    }
+    return [run(args.speed_config, base + ov, root, name) for name, ov in variants.items()]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("what", choices=("quality", "speed"))
+    p.add_argument("what", choices=("quality", "speed", "short"))
     p.add_argument("--config", default=str(REPO / "configs" / "umls-complex.yaml"))
     p.add_argument("--speed-config", default=str(REPO / "configs" / "fb15k237-transe.yaml"))
     p.add_argument("--data-root", default=str(REPO.parent / "shared" / "datasets"))
@@ -96,7 +111,7 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        rows = quality(args, root) if args.what == "quality" else speed(args, root)
+        rows = {"quality": quality, "speed": speed, "short": short}[args.what](args, root)
     for r in rows:
         print(
             f"{r['name']:22s} mrr {r['test_mrr'] if r['test_mrr'] is None else round(r['test_mrr'], 4)}"
