@@ -272,7 +272,8 @@ class DistributedConfig(_Frozen):
         ),
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
-        default="auto", description="torch.distributed backend (auto: nccl on GPU, else gloo)."
+        default="auto",
+        description="torch.distributed backend (auto: gloo; nccl once GPU placement exists).",
     )
     shards: int = Field(
         default=16, ge=1, description="Training shards written to the run folder (any world size)."
@@ -303,6 +304,11 @@ class DistributedConfig(_Frozen):
     def _launch(self) -> DistributedConfig:
         if self.launch == "in_process" and (self.workers > 1 or self.cluster != "local"):
             raise ValueError("distributed.launch=in_process needs workers: 1 and cluster: local")
+        if self.backend == "nccl":
+            raise ValueError(
+                "distributed.backend=nccl needs GPU tensors, and this version of kgpipe trains "
+                "on the CPU (GPU device placement is not implemented yet); use auto or gloo"
+            )
         if self.compression == "topk" and self.sync == "epoch":
             # rows left out would keep rank-local values and the ranks would drift apart
             raise ValueError("distributed.compression=topk works with sync=step only")

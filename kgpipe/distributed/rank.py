@@ -70,12 +70,9 @@ class _Reporter(Callback):
 
 
 def _backend(config: RunConfig) -> str:
-    b = config.distributed.backend
-    if b == "auto":
-        return (
-            "nccl" if torch.cuda.is_available() and config.distributed.cluster == "cuda" else "gloo"
-        )
-    return b
+    """The process-group backend. Training tensors live on the CPU in this version (no device
+    placement yet), so ``auto`` means gloo even on GPU workers."""
+    return "gloo" if config.distributed.backend == "auto" else config.distributed.backend
 
 
 def rank_main(spec: RankSpec) -> dict[str, Any]:
