@@ -254,8 +254,8 @@ class EpochExchange(Exchange):
 
     def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
         for name, g in grads.items():
-            c = g.counts.double() if g.counts is not None else torch.ones(g.rows.numel())
-            self._counts[name].index_add_(0, g.rows, c.float())
+            c = g.counts.float() if g.counts is not None else torch.ones(g.rows.numel())
+            self._counts[name].index_add_(0, g.rows, c)
         return grads
 
     def epoch_end(

@@ -102,7 +102,7 @@ def train_on_dask(
         for cb in callbacks:
             cb.on_train_start(as_trainer)
         results = launch_gang(
-            client, rank_main, make_spec, world_size=dcfg.workers, on_event=on_event
+            client, rank_main, make_spec, world_size=dcfg.workers, queue=queue, on_event=on_event
         )
         for cb in callbacks:
             cb.on_train_end(as_trainer)

@@ -56,14 +56,15 @@ def launch_gang(
     make_spec: Callable[[int, str, int], Any],
     *,
     world_size: int,
+    queue: str | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
     poll_s: float = 0.25,
 ) -> list[Any]:
     """Run ``fn(make_spec(rank, master_addr, master_port))`` on ``world_size`` workers.
 
     ``make_spec(rank, master_addr, master_port)`` builds each rank's argument; the ranks find
-    a fresh rendezvous port on rank 0's host. Events that ranks put on the Dask queue named in
-    ``spec.queue`` are passed to ``on_event`` as they arrive. Returns the ranks' results.
+    a fresh rendezvous port on rank 0's host. Events that ranks put on the Dask queue named
+    ``queue`` are passed to ``on_event`` as they arrive. Returns the ranks' results.
     """
     workers = pick_workers(client, world_size)
     master = _host(workers[0])
@@ -82,13 +83,12 @@ def launch_gang(
                 key=f"kgpipe-rank-{rank}-{tag}",
             )
         )
-    queue_name = getattr(make_spec(0, master, port), "queue", None)
-    queue = Queue(queue_name, client=client) if queue_name else None
+    events = Queue(queue, client=client) if queue else None
     missing: set[int] = set()
     try:
         while True:
             time.sleep(poll_s)
-            _drain(queue, on_event)
+            _drain(events, on_event)
             for rank, fut in enumerate(futures):
                 if fut.status == "error":
                     exc = fut.exception()
@@ -105,7 +105,7 @@ def launch_gang(
                         worker=workers[rank],
                     )
             if all(f.status == "finished" for f in futures):
-                _drain(queue, on_event)
+                _drain(events, on_event)
                 return [f.result() for f in futures]
             alive = set(client.scheduler_info(n_workers=-1)["workers"])
             for rank, addr in enumerate(workers):
