@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,23 +120,64 @@ def _print_metrics(console: Any, results: dict[str, Any], title: str) -> None:
 
 def _cmd_train(args: argparse.Namespace, console: Any) -> int:
     from kgpipe.config import load_config
-    from kgpipe.run import train
 
     config = load_config(args.config, args.set or [])
     callbacks = [] if args.quiet else [_progress_callback(console)]
-    result = train(
-        config,
-        callbacks=callbacks,
-        overwrite=args.overwrite,
-        log=None if args.quiet else console.log,
-        eval_progress=None if args.quiet else _EvalProgress(console, "test ranking"),
-    )
-    if result.results is not None:
-        _print_metrics(
-            console, result.results, f"test ({result.results['triples']} triples, filtered)"
+    t0 = time.perf_counter()
+    if args.no_prefect:
+        from kgpipe.run import train
+
+        result = train(
+            config,
+            callbacks=callbacks,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            log=None if args.quiet else console.log,
+            eval_progress=None if args.quiet else _EvalProgress(console, "test ranking"),
         )
-    console.print(f"run folder: {result.url}  ({result.seconds:.1f} s)")
+        url, results = result.url, result.results
+    else:
+        url, results = _train_flow(config, args, callbacks)
+    if results is not None:
+        _print_metrics(console, results, f"test ({results['triples']} triples, filtered)")
+    console.print(f"run folder: {url}  ({time.perf_counter() - t0:.1f} s)")
     return 0
+
+
+def _train_flow(config: Any, args: argparse.Namespace, callbacks: list[Any]) -> tuple[str, Any]:
+    """Run the Prefect flow ``train-kge`` in this process (ephemeral Prefect API unless
+    ``PREFECT_API_URL`` is set)."""
+    import json as _json
+
+    try:
+        from flows.train import train_kge
+        from tasks import kge
+    except ImportError as err:  # not run from a checkout / install with the flows
+        raise KgpipeError(f"the Prefect flow is not importable ({err}); use --no-prefect") from None
+    from kgpipe.run import run_store
+
+    config = config.with_run_name()
+    store = run_store(config)
+    if store.exists("config.yaml"):
+        if args.overwrite:
+            store.remove()
+        elif not args.resume:
+            raise KgpipeError(
+                f"{store.url}: a run with this name exists; choose another run.name, pass "
+                "--resume to continue it or --overwrite to replace it"
+            )
+    if not store.exists("config.yaml"):
+        # bad input stops here with a plain message, before Prefect logs a task failure
+        from kgpipe.data import load_dataset
+
+        load_dataset(config.data)
+    kge.EXTRA_CALLBACKS[:] = callbacks
+    try:
+        summary = train_kge(config, resume=True)
+    finally:
+        kge.EXTRA_CALLBACKS.clear()
+    results = _json.loads(store.read_text("results.json")) if store.exists("results.json") else None
+    return str(summary["run"]), results
 
 
 def _cmd_evaluate(args: argparse.Namespace, console: Any) -> int:
@@ -228,6 +270,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--set", action="append", metavar="KEY.PATH=VALUE", help="override a config value"
     )
     t.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run folder's latest committed checkpoint (a fresh run if none)",
+    )
+    t.add_argument(
+        "--no-prefect",
+        action="store_true",
+        help="train with the plain library loop, without the Prefect flow (for debugging)",
+    )
     t.add_argument("-q", "--quiet", action="store_true", help="no progress output")
     t.set_defaults(func=_cmd_train)
 

@@ -210,6 +210,13 @@ class TrainingConfig(_Frozen):
         ge=1,
         description="Stop each epoch after this many steps (smoke tests, quick experiments).",
     )
+    deterministic: bool = Field(
+        default=True,
+        description=(
+            "torch deterministic kernels: with several CPU threads some kernels otherwise vary "
+            "run to run; needed for bit-identical resume (no measurable cost on CPU here)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _mode_loss(self) -> TrainingConfig:
@@ -240,6 +247,20 @@ class EvaluationConfig(_Frozen):
         ),
     )
     test: bool = Field(default=True, description="Evaluate on test at the end of training.")
+    patience: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Early stopping: stop after this many validations without a better valid MRR, and "
+            "keep the best validated model (needs `every`)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _patience(self) -> EvaluationConfig:
+        if self.patience and not self.every:
+            raise ValueError("evaluation.patience needs evaluation.every > 0")
+        return self
 
 
 class DistributedConfig(_Frozen):
@@ -315,6 +336,55 @@ class DistributedConfig(_Frozen):
         return self
 
 
+class CheckpointConfig(_Frozen):
+    """Checkpoints under ``{run}/checkpoints/``: complete resumable state, committed by a manifest."""
+
+    every: int = Field(default=1, ge=1, description="Commit a checkpoint every this many epochs.")
+    keep_last: int = Field(default=3, ge=1, description="Committed checkpoints kept (newest).")
+    keep_best: bool = Field(
+        default=True, description="Also keep the checkpoint with the best validation MRR."
+    )
+    background: bool = Field(
+        default=True,
+        description=(
+            "Upload in a background thread while the next epoch trains (the state is copied "
+            "first); training waits only if the previous upload is still running."
+        ),
+    )
+
+
+class FaultToleranceConfig(_Frozen):
+    """Recovery: relaunch failed epochs from the last committed checkpoint; retry storage."""
+
+    max_restarts: int = Field(
+        default=3, ge=0, description="Gang relaunches (from the last checkpoint) per run."
+    )
+    restart_backoff_s: float = Field(
+        default=2.0, ge=0.0, description="Wait before the first relaunch; doubles each time."
+    )
+    wait_for_workers_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description=(
+            "After a failure, wait this long for the cluster to regain `distributed.workers` "
+            "workers (a LocalCluster restarts dead ones), then go on with the workers alive."
+        ),
+    )
+    worker_ttl_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="Heartbeat timeout: a LocalCluster worker silent this long is declared dead.",
+    )
+    storage_retries: int = Field(
+        default=6, ge=0, description="Retries of a failed object-store operation."
+    )
+    storage_backoff_s: float = Field(
+        default=0.5,
+        ge=0.0,
+        description="First retry delay of storage operations; doubles, max 10 s.",
+    )
+
+
 class RunConfig(_Frozen):
     """A whole kgpipe run."""
 
@@ -324,6 +394,8 @@ class RunConfig(_Frozen):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
 
     def with_run_name(self) -> RunConfig:
         """Return a copy whose ``run.name`` is set (a timestamped default if it was not)."""
@@ -333,6 +405,25 @@ class RunConfig(_Frozen):
         dataset = self.data.dataset or "custom"
         name = f"{self.model.name}-{dataset}-{stamp}"
         return self.model_copy(update={"run": self.run.model_copy(update={"name": name})})
+
+
+# Sections that may differ between a run and its resumption (how it runs, not what it computes).
+RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation")
+
+
+def config_hash(config: RunConfig) -> str:
+    """SHA-256 of what determines the trained parameters: everything but the run's placement
+    (``run.root``, ``run.name``, storage options) and :data:`RESUMABLE_CHANGES`."""
+    import hashlib
+    import json
+
+    data = config.model_dump(mode="json")
+    for section in RESUMABLE_CHANGES:
+        data.pop(section, None)
+    data["run"] = {"seed": config.run.seed}
+    data["data"].pop("storage_options", None)
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
 
 
 def _format_validation_error(err: ValidationError) -> str:

@@ -40,3 +40,11 @@ class DataError(KgpipeError):
 
 class RunError(KgpipeError):
     """A run folder is missing, incomplete, or would be overwritten."""
+
+
+class StorageError(KgpipeError):
+    """An object store refused an operation (credentials) or stayed unreachable after retries."""
+
+
+class CheckpointError(KgpipeError):
+    """No usable checkpoint, or a checkpoint that does not belong to this run."""

@@ -14,6 +14,7 @@ The run folder ``{run.root}/{run.name}/`` is a contract (see README):
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
@@ -26,15 +27,24 @@ import torch
 import yaml
 from torch import Tensor
 
-from kgpipe.config import RunConfig, clean_storage_options, config_to_yaml, parse_config
+from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState
+from kgpipe.config import (
+    RESUMABLE_CHANGES,
+    RunConfig,
+    clean_storage_options,
+    config_hash,
+    config_to_yaml,
+    parse_config,
+)
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
-from kgpipe.distributed.sharding import read_shards, stage_shards
+from kgpipe.distributed.sharding import read_manifest, read_shards, stage_shards
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, load_model, save_model
 from kgpipe.models.model import KGEModel
-from kgpipe.storage import Store, join_url
+from kgpipe.storage import RetryPolicy, Store, join_url
 from kgpipe.training import Callback, EpochStats, Trainer
+from kgpipe.training.checkpointing import CheckpointCallback
 
 __all__ = [
     "LoadedRun",
@@ -79,6 +89,10 @@ class _MetricsWriter(Callback):
     def __init__(self, store: Store) -> None:
         self.store = store
         self.lines: list[str] = []
+
+    def reset(self, history: Sequence[EpochStats | dict[str, Any]]) -> None:
+        """Start again from a checkpoint's history (epochs after it are trained again)."""
+        self.lines = [json.dumps(h.as_dict() if isinstance(h, EpochStats) else h) for h in history]
 
     def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None:
         self.lines.append(json.dumps(stats.as_dict()))
@@ -138,37 +152,115 @@ def _filter_index(dataset: TripleDataset) -> FilterIndex:
     )
 
 
-def train(
-    config: RunConfig,
-    *,
-    callbacks: Sequence[Callback] = (),
-    overwrite: bool = False,
-    log: Log | None = None,
-    eval_progress: ProgressFn | None = None,
-) -> RunResult:
-    """Train, evaluate and export one run in this process; returns where it went and the results.
+def retry_policy(config: RunConfig) -> RetryPolicy:
+    ft = config.fault_tolerance
+    return RetryPolicy(retries=ft.storage_retries, backoff_s=ft.storage_backoff_s)
 
-    Bad input (data, config, an existing run folder without ``overwrite``) raises a
-    :class:`~kgpipe.errors.KgpipeError` before anything is written.
-    """
-    say = log or (lambda _msg: None)
-    t_start = time.perf_counter()
-    config = config.with_run_name()
+
+def run_store(config: RunConfig) -> Store:
+    """The store of ``config``'s run folder (``run.name`` must be set)."""
     assert config.run.name is not None
     url = join_url(config.run.root, config.run.name)
-    store = Store(url, config.run.storage_options)
-    if store.exists("config.yaml") and not overwrite:
+    return Store(url, config.run.storage_options, retry=retry_policy(config))
+
+
+@dataclass
+class StagedRun:
+    """A run folder whose data is staged: what every later step needs, small and picklable."""
+
+    url: str
+    config: RunConfig
+    num_entities: int
+    num_relations: int
+    num_train: int
+    fingerprint: str
+    resumed_epoch: int  # the committed epoch training continues from (0: a fresh start)
+
+    @property
+    def store(self) -> Store:
+        return run_store(self.config)
+
+    def checkpoints(self) -> CheckpointStore:
+        c = self.config.checkpoint
+        return CheckpointStore(self.store, keep_last=c.keep_last, keep_best=c.keep_best)
+
+    def manifest_meta(self, world_size: int) -> dict[str, Any]:
+        """What every checkpoint manifest of this run records besides the state."""
+        return {
+            "config_hash": config_hash(self.config),
+            "data_fingerprint": self.fingerprint,
+            "world_size": world_size,
+            "sync": self.config.distributed.sync if world_size > 1 else "none",
+            "optimizer": self.config.training.optimizer,
+            "model": self.config.model.name,
+        }
+
+
+def _staged(store: Store) -> bool:
+    """Staging finished (``data.json`` is written after the shards, valid/test and vocabulary)."""
+    return store.exists("data.json") and store.exists("data/shards/manifest.json")
+
+
+def prepare_run(
+    config: RunConfig,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    warm_start: str | None = None,
+    log: Log | None = None,
+) -> StagedRun:
+    """Create the run folder and stage the data, or (``resume``) reuse a run folder's staged data
+    and continue from its latest committed checkpoint.
+
+    ``warm_start`` (a previous run folder's URL) commits an epoch-0 checkpoint whose tables come
+    from that run's model, matched by label (see :mod:`kgpipe.warmstart`).
+
+    Bad input raises a :class:`~kgpipe.errors.KgpipeError` before anything is written.
+    """
+    say = log or (lambda _msg: None)
+    config = config.with_run_name()
+    store = run_store(config)
+    exists = store.exists("config.yaml")
+    if exists and resume:
+        _check_resumable(store, config)
+        if _staged(store):
+            info = store.read_json("data.json")
+            run = StagedRun(
+                store.url,
+                config,
+                int(info["num_entities"]),
+                int(info["num_relations"]),
+                int(read_manifest(store).total),
+                str(info["fingerprint"]),
+                0,
+            )
+            found = run.checkpoints().latest()
+            run.resumed_epoch = found[0].epoch if found else 0
+            say(
+                f"resuming {store.url} from the checkpoint of epoch {run.resumed_epoch}"
+                if found
+                else f"resuming {store.url}: staged data found, no committed checkpoint yet"
+            )
+            return run
+        say(f"{store.url}: staging had not finished; staging again")
+    elif exists and not overwrite:
         raise RunError(
-            f"{url}: a run with this name exists; choose another run.name or pass --overwrite"
+            f"{store.url}: a run with this name exists; choose another run.name, pass --resume "
+            "to continue it or --overwrite to replace it"
         )
     dataset = load_dataset(config.data)  # every input error surfaces here, before any write
     say(dataset.summary())
-    if config.training.threads:
-        torch.set_num_threads(config.training.threads)
-    if overwrite:
+    if exists:
         store.remove()
 
     store.write_text("config.yaml", config_to_yaml(config))
+    dataset.vocab.write(store.url_of("vocab"), config.run.storage_options)
+    # stage: shuffled training shards (any world size can read them), valid/test ids
+    manifest = stage_shards(
+        dataset.train, store, num_shards=config.distributed.shards, seed=config.run.seed
+    )
+    _save_ids(store, "data/valid.npy", dataset.valid)
+    _save_ids(store, "data/test.npy", dataset.test)
     store.write_json(
         "data.json",
         {
@@ -178,69 +270,351 @@ def train(
             "splits": {k: vars(v) for k, v in dataset.reports.items()},
         },
     )
-    dataset.vocab.write(store.url_of("vocab"), config.run.storage_options)
-
-    # stage: shuffled training shards (any world size can read them), valid/test ids
-    manifest = stage_shards(
-        dataset.train, store, num_shards=config.distributed.shards, seed=config.run.seed
+    run = StagedRun(
+        store.url,
+        config,
+        dataset.num_entities,
+        dataset.num_relations,
+        manifest.total,
+        dataset.fingerprint,
+        0,
     )
-    _save_ids(store, "data/valid.npy", dataset.valid)
-    _save_ids(store, "data/test.npy", dataset.test)
-    train_order = read_shards(store, manifest, list(range(manifest.num_shards)))
+    if warm_start is not None:
+        summary = _warm_start(run, dataset.vocab, warm_start)
+        say(f"warm start from {warm_start}: {summary}")
+    return run
 
+
+def _warm_start(run: StagedRun, vocab: Vocabulary, source: str) -> dict[str, int]:
+    from kgpipe.training.optim import build_optimizer
+    from kgpipe.warmstart import warm_start_tables
+
+    previous = load_run(source, run.config.run.storage_options)
+    cfg = run.config
     model = KGEModel.build(
-        config.model,
-        num_entities=dataset.num_entities,
-        num_relations=dataset.num_relations,
-        seed=config.run.seed,
+        cfg.model,
+        num_entities=run.num_entities,
+        num_relations=run.num_relations,
+        seed=cfg.run.seed,
     )
-    index = _filter_index(dataset)
-    writer = _MetricsWriter(store)
-    if config.distributed.uses_dask:
-        from kgpipe.distributed.driver import train_on_dask
+    try:
+        ws = warm_start_tables(
+            previous.vocab,
+            previous.model.entity.data,
+            previous.model.relation.data,
+            vocab,
+            model.entity.data,
+            model.relation.data,
+        )
+    except ValueError as err:
+        raise RunError(f"{source}: {err}") from None
+    tables = {"entity": ws.entity, "relation": ws.relation}
+    t = cfg.training
+    optimizer = build_optimizer(t.optimizer, tables, lr=t.lr, betas=t.betas, eps=t.eps)
+    state = TrainState(0, 0, tables, optimizer.state_dict(), [], torch.get_rng_state())
+    meta = {**run.manifest_meta(1), "warm_start": {"source": source, **ws.summary()}}
+    run.checkpoints().save(state, meta)
+    return ws.summary()
 
-        say(
-            f"training {config.model.name} (dim {config.model.dim}) for "
-            f"{config.training.epochs} epochs on {config.distributed.workers} Dask workers "
-            f"(sync={config.distributed.sync}) -> {url}"
+
+def _check_resumable(store: Store, config: RunConfig) -> None:
+    _, stored = open_run(store.url, config.run.storage_options)
+    if config_hash(stored) != config_hash(config):
+        a, b = stored.model_dump(mode="json"), config.model_dump(mode="json")
+        differ = [k for k in ("run", "data", "model", "training") if a[k] != b[k]]
+        raise RunError(
+            f"{store.url}: cannot resume: the config differs from the run's config.yaml in "
+            f"{', '.join(differ) or 'the seed'} (only {', '.join(RESUMABLE_CHANGES)} may change)"
         )
-        gang = train_on_dask(
-            config,
-            store,
-            num_entities=dataset.num_entities,
-            num_relations=dataset.num_relations,
-            num_train=int(train_order.shape[0]),
-            callbacks=[writer, *callbacks],
-            log=say,
+
+
+def load_staged(store: Store) -> tuple[Tensor, Tensor, Tensor]:
+    """All staged training triples (shard order), valid and test ids."""
+    manifest = read_manifest(store)
+    train_all = read_shards(store, manifest, list(range(manifest.num_shards)))
+    return train_all, _load_ids(store, "data/valid.npy"), _load_ids(store, "data/test.npy")
+
+
+@dataclass
+class SegmentResult:
+    """Where training stands after :meth:`Session.train_until` (small; no tensors)."""
+
+    epoch: int
+    checkpoint: str
+    history: list[dict[str, Any]]
+    restarts: int
+
+    @property
+    def valid_mrr(self) -> float | None:
+        for row in reversed(self.history):
+            if "valid_mrr" in row:
+                return float(row["valid_mrr"])
+        return None
+
+
+class Session:
+    """Trains a staged run segment by segment, committing a checkpoint at every segment end.
+
+    In-process runs keep their trainer between segments; Dask runs launch a gang per segment
+    from the last committed checkpoint, relaunching it after failures (see
+    :func:`kgpipe.distributed.driver.train_on_dask`).
+    """
+
+    def __init__(
+        self,
+        run: StagedRun,
+        *,
+        callbacks: Sequence[Callback] = (),
+        client: Any = None,
+        log: Log | None = None,
+        restarts: int = 0,
+    ) -> None:
+        self.run = run
+        self.callbacks = list(callbacks)
+        self.client = client
+        self.say = log or (lambda _msg: None)
+        self.restarts = restarts  # gang relaunches of this run so far
+        self.checkpoints = run.checkpoints()
+        self.writer = _MetricsWriter(run.store)
+        self._trainer: Trainer | None = None
+        self._ckpt_cb: CheckpointCallback | None = None
+        self._staged: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def _latest(self) -> tuple[Checkpoint, TrainState] | None:
+        return self.checkpoints.resume_point()
+
+    def train_until(self, until: int) -> SegmentResult:
+        """Train from the latest committed checkpoint to epoch ``until`` (committed)."""
+        config = self.run.config
+        if config.distributed.uses_dask:
+            from kgpipe.distributed.driver import train_on_dask
+
+            outcome = train_on_dask(
+                self.run,
+                until=until,
+                client=self.client,
+                callbacks=[self.writer, *self.callbacks],
+                log=self.say,
+                restarts_so_far=self.restarts,
+            )
+            self.restarts = outcome.restarts
+        else:
+            self._train_in_process(until)
+        found = self.checkpoints.latest()
+        if found is None or found[0].epoch != until:
+            raise RunError(f"{self.run.url}: training to epoch {until} left no checkpoint of it")
+        ckpt, state = found
+        return SegmentResult(until, ckpt.url, state.history, self.restarts)
+
+    def _train_in_process(self, until: int) -> None:
+        config = self.run.config
+        trainer = self._trainer
+        latest = None
+        if (
+            trainer is None
+            or not self.checkpoints.committed()
+            or (self.checkpoints.committed()[-1].epoch != trainer.epoch)
+        ):
+            latest = self._latest()
+            trainer = self._build_trainer(latest[1] if latest else None)
+        assert self._ckpt_cb is not None
+        self._ckpt_cb.until = until
+        if trainer.epoch >= until:
+            return
+        self.say(
+            f"training {config.model.name} (dim {config.model.dim}) epochs "
+            f"{trainer.epoch + 1}..{until} of {config.training.epochs}, "
+            f"{trainer.steps_per_epoch} steps each -> {self.run.url}"
         )
-        model.entity.data.copy_(gang.entity)
-        model.relation.data.copy_(gang.relation)
-        history = gang.history
-    else:
+        try:
+            trainer.fit(until=until)
+        except BaseException:
+            self.close()
+            raise
+
+    def _build_trainer(self, state: TrainState | None) -> Trainer:
+        config, run = self.run.config, self.run
+        if self._staged is None:
+            self._staged = load_staged(run.store)
+        train_all, valid, test = self._staged
+        self.close()
+        if config.training.threads:
+            torch.set_num_threads(config.training.threads)
+        model = KGEModel.build(
+            config.model,
+            num_entities=run.num_entities,
+            num_relations=run.num_relations,
+            seed=config.run.seed,
+        )
+        index = FilterIndex.from_triples([train_all, valid, test], run.num_relations)
+        self._ckpt_cb = CheckpointCallback(
+            self.checkpoints,
+            every=config.checkpoint.every,
+            until=config.training.epochs,
+            meta=run.manifest_meta(1),
+            background=config.checkpoint.background,
+        )
         trainer = Trainer(
             model,
-            train_order,
+            train_all,
             training=config.training,
             regularizer=config.model.regularizer,
             seed=config.run.seed,
-            callbacks=[_Validation(dataset.valid, index, config), writer, *callbacks],
+            callbacks=[
+                _Validation(valid, index, config),
+                self._ckpt_cb,
+                self.writer,
+                *self.callbacks,
+            ],
         )
-        say(
-            f"training {config.model.name} (dim {config.model.dim}) for "
-            f"{config.training.epochs} epochs, {trainer.steps_per_epoch} steps each -> {url}"
-        )
-        history = trainer.fit()
-    save_model(model, store)
+        if state is not None:
+            trainer.load_state(state)
+        self.writer.reset(trainer.history)
+        self._trainer = trainer
+        return trainer
 
+    def close(self) -> None:
+        """Finish a pending background checkpoint upload and release its thread."""
+        if self._ckpt_cb is not None:
+            cb, self._ckpt_cb = self._ckpt_cb, None
+            self._trainer = None
+            cb.close()
+
+
+def committed_history(run: StagedRun) -> list[dict[str, Any]]:
+    """The epoch history of the run's latest committed checkpoint (empty when there is none)."""
+    found = run.checkpoints().latest()
+    return found[1].history if found else []
+
+
+def should_stop(history: Sequence[dict[str, Any]], patience: int | None) -> bool:
+    """Early stopping: the last ``patience`` validations brought no better valid MRR."""
+    if not patience:
+        return False
+    scores = [float(h["valid_mrr"]) for h in history if "valid_mrr" in h]
+    if len(scores) <= patience:
+        return False
+    return max(scores[-patience:]) <= max(scores[:-patience])
+
+
+def segment_ends(start: int, config: RunConfig) -> list[int]:
+    """The epochs after ``start`` at which a segment ends: validation epochs and the last."""
+    every = config.evaluation.every
+    last = config.training.epochs
+    ends = [e for e in range(start + 1, last + 1) if every and e % every == 0]
+    if start < last and (not ends or ends[-1] != last):
+        ends.append(last)
+    return ends
+
+
+def finish_run(
+    run: StagedRun,
+    *,
+    history: Sequence[dict[str, Any]],
+    restarts: int = 0,
+    seconds: float | None = None,
+    log: Log | None = None,
+    eval_progress: ProgressFn | None = None,
+) -> dict[str, Any] | None:
+    """Write the final model (the best validated checkpoint with early stopping, else the
+    latest), evaluate on test, export embeddings; returns ``results.json``'s content."""
+    say = log or (lambda _msg: None)
+    config, store = run.config, run.store
+    checkpoints = run.checkpoints()
+    chosen = checkpoints.best() if config.evaluation.patience else None
+    state: TrainState | None = None
+    if chosen is not None:
+        state = checkpoints.load(chosen)
+        say(f"keeping the best validated model (epoch {chosen.epoch}, MRR {chosen.valid_mrr:.4f})")
+    else:
+        found = checkpoints.latest()
+        if found is None and config.training.epochs > 0:
+            raise RunError(f"{run.url}: no committed checkpoint to finish from")
+        chosen, state = found if found else (None, None)
+    model = KGEModel.build(
+        config.model,
+        num_entities=run.num_entities,
+        num_relations=run.num_relations,
+        seed=config.run.seed,
+    )
+    if state is not None:  # else training.epochs == 0: the seeded initial model
+        with torch.no_grad():
+            model.entity.copy_(state.tables["entity"])
+            model.relation.copy_(state.tables["relation"])
+    save_model(model, store)
+    vocab = Vocabulary.read(store.url_of("vocab"), config.run.storage_options)
     results: dict[str, Any] | None = None
-    if config.evaluation.test and dataset.test.numel():
-        say(f"evaluating on test ({dataset.test.shape[0]} triples, both sides)")
-        results = _results(config, model, dataset.test, index, "test", eval_progress)
+    train_all, valid, test = load_staged(store)
+    if config.evaluation.test and test.numel():
+        say(f"evaluating on test ({test.shape[0]} triples, both sides)")
+        index = FilterIndex.from_triples([train_all, valid, test], run.num_relations)
+        results = _results(config, model, test, index, "test", eval_progress)
+        results["training"] = {
+            "epochs": len(history),
+            "model_epoch": chosen.epoch if chosen else 0,
+            "checkpoint": chosen.url if chosen else None,
+            "restarts": restarts,
+            "world_size": config.distributed.workers,
+            "train_seconds": sum(float(h["seconds"]) for h in history),
+            "wall_seconds": seconds,
+            "resumed_from_epoch": run.resumed_epoch,
+        }
         store.write_json("results.json", results)
     export_embeddings(
-        model, dataset.vocab, store.url_of("embeddings"), storage_options=config.run.storage_options
+        model, vocab, store.url_of("embeddings"), storage_options=config.run.storage_options
     )
-    return RunResult(url, config, history, results, time.perf_counter() - t_start)
+    return results
+
+
+def train(
+    config: RunConfig,
+    *,
+    callbacks: Sequence[Callback] = (),
+    overwrite: bool = False,
+    resume: bool = False,
+    log: Log | None = None,
+    eval_progress: ProgressFn | None = None,
+) -> RunResult:
+    """Train, evaluate and export one run without Prefect; returns where it went and the results.
+
+    ``resume`` continues the run folder's latest committed checkpoint (if the folder exists).
+    Bad input (data, config, an existing run folder without ``overwrite``/``resume``) raises a
+    :class:`~kgpipe.errors.KgpipeError` before anything is written.
+    """
+    say = log or (lambda _msg: None)
+    t_start = time.perf_counter()
+    run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
+    with contextlib.ExitStack() as stack:
+        client = None
+        if run.config.distributed.uses_dask:
+            from kgpipe.distributed.cluster import open_cluster
+
+            client = stack.enter_context(
+                open_cluster(run.config.distributed, log=say, fault=run.config.fault_tolerance)
+            )
+        session = Session(run, callbacks=callbacks, client=client, log=say)
+        stack.callback(session.close)
+        rows = committed_history(run)
+        for end in segment_ends(run.resumed_epoch, run.config):
+            rows = session.train_until(end).history
+            if should_stop(rows, run.config.evaluation.patience):
+                say(f"early stopping after epoch {end}: no better valid MRR")
+                break
+    results = finish_run(
+        run,
+        history=rows,
+        restarts=session.restarts,
+        seconds=time.perf_counter() - t_start,
+        log=say,
+        eval_progress=eval_progress,
+    )
+    return RunResult(
+        run.url,
+        run.config,
+        [EpochStats.from_dict(h) for h in rows],
+        results,
+        time.perf_counter() - t_start,
+    )
 
 
 def _results(
@@ -335,3 +709,24 @@ def evaluate_run(
             }
         )
     return _results(cfg, run.model, triples, _filter_index(dataset), split, progress)
+
+
+# -- series of runs (scheduled retraining) ----------------------------------------------------------
+def _series_store(config: RunConfig) -> Store:
+    return Store(config.run.root, config.run.storage_options, retry=retry_policy(config))
+
+
+def latest_of_series(config: RunConfig, series: str) -> dict[str, Any] | None:
+    """The record of the series' latest finished run (``{root}/{series}.latest.json``)."""
+    store = _series_store(config)
+    rel = f"{series}.latest.json"
+    return store.read_json(rel) if store.exists(rel) else None
+
+
+def record_latest_of_series(config: RunConfig, series: str, record: dict[str, Any]) -> None:
+    _series_store(config).write_json(f"{series}.latest.json", record)
+
+
+def source_fingerprint(config: RunConfig) -> str:
+    """The content fingerprint of the configured input (all splits)."""
+    return load_dataset(config.data).fingerprint

@@ -8,14 +8,87 @@ visible only when it completes.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
 
-__all__ = ["Store", "join_url"]
+from kgpipe.errors import StorageError
+
+__all__ = ["RetryPolicy", "Store", "is_transient", "join_url", "retrying"]
+
+log = logging.getLogger("kgpipe.storage")
+T = TypeVar("T")
+
+# Errors that no retry can fix: missing objects, refused credentials, bad arguments.
+_PERMANENT = (
+    FileNotFoundError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+    FileExistsError,
+    ValueError,
+    TypeError,
+    KeyError,
+)
+_PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "ParamValidationError"}
+
+
+def is_transient(err: BaseException) -> bool:
+    """Whether ``err`` looks like a passing object-store/network fault worth retrying."""
+    if isinstance(err, _PERMANENT) or type(err).__name__ in _PERMANENT_NAMES:
+        return False
+    if isinstance(err, OSError | ConnectionError | TimeoutError):
+        return True
+    module = type(err).__module__
+    return module.startswith(("botocore", "aiobotocore", "aiohttp", "urllib3", "requests"))
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Retries of transient storage errors: ``retries`` more attempts, delays doubling from
+    ``backoff_s`` up to ``max_backoff_s``."""
+
+    retries: int = 6
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+
+    def delays(self) -> list[float]:
+        return [min(self.max_backoff_s, self.backoff_s * 2**i) for i in range(self.retries)]
+
+
+def retrying(fn: Callable[[], T], *, what: str, policy: RetryPolicy) -> T:
+    """Call ``fn``; on transient errors retry with backoff, then raise :class:`StorageError`."""
+    delays = policy.delays()
+    for attempt in range(len(delays) + 1):
+        try:
+            return fn()
+        except Exception as err:
+            if not is_transient(err):
+                if isinstance(err, PermissionError):
+                    raise StorageError(f"{what}: access denied ({_brief(err)})") from None
+                raise
+            if attempt == len(delays):
+                raise StorageError(
+                    f"{what}: failed after {attempt + 1} attempts ({_brief(err)})"
+                ) from None
+            log.warning(
+                "%s: %s; retry %d/%d in %.1f s",
+                what, _brief(err), attempt + 1, len(delays), delays[attempt],
+            )  # fmt: skip
+            time.sleep(delays[attempt])
+    raise AssertionError("unreachable")
+
+
+def _brief(err: BaseException) -> str:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def join_url(base: str, *parts: str) -> str:
@@ -31,11 +104,23 @@ def join_url(base: str, *parts: str) -> str:
 class Store:
     """A folder at a URL: relative reads and writes, listing, existence checks."""
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         self.url = url.rstrip("/") or url
         self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryPolicy()
         self.fs, self.root = url_to_fs(self.url, **self.storage_options)
         self.local = "file" in _protocols(self.fs)
+
+    def _do(self, what: str, rel: str, fn: Callable[[], T]) -> T:
+        if self.local:
+            return fn()
+        return retrying(fn, what=f"{what} {self.url_of(rel)}", policy=self.retry)
 
     def path(self, rel: str) -> str:
         return join_url(self.root, rel) if rel else self.root
@@ -44,10 +129,24 @@ class Store:
         return join_url(self.url, rel)
 
     def exists(self, rel: str = "") -> bool:
-        return bool(self.fs.exists(self.path(rel)))
+        return self._do("stat", rel, lambda: bool(self.fs.exists(self.path(rel))))
 
     def read_bytes(self, rel: str) -> bytes:
-        return bytes(self.fs.cat_file(self.path(rel)))
+        return self._do("read", rel, lambda: bytes(self.fs.cat_file(self.path(rel))))
+
+    def list(self, rel: str = "") -> list[str]:
+        """Names (not paths) directly under ``rel``; empty when it does not exist."""
+
+        def ls() -> list[str]:
+            path = self.path(rel)
+            self.fs.invalidate_cache(path)
+            try:
+                entries = self.fs.ls(path, detail=False)
+            except FileNotFoundError:
+                return []
+            return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+
+        return self._do("list", rel, ls)
 
     def read_text(self, rel: str) -> str:
         return self.read_bytes(rel).decode("utf-8")
@@ -67,8 +166,12 @@ class Store:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
         else:
-            self.fs.makedirs(parent, exist_ok=True)
-            self.fs.pipe_file(path, data)
+
+            def put() -> None:
+                self.fs.makedirs(parent, exist_ok=True)
+                self.fs.pipe_file(path, data)
+
+            self._do("write", rel, put)
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode("utf-8"))
@@ -81,7 +184,7 @@ class Store:
 
     def remove(self, rel: str = "", *, recursive: bool = True) -> None:
         if self.exists(rel):
-            self.fs.rm(self.path(rel), recursive=recursive)
+            self._do("delete", rel, lambda: self.fs.rm(self.path(rel), recursive=recursive))
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

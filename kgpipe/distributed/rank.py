@@ -1,14 +1,16 @@
 """One rank of a training gang: the task that runs on a Dask worker.
 
 It joins the torch.distributed process group, reads its shards from the run folder, builds the
-model from the seed (identical on every rank), trains with the configured exchange, and returns
-the final tables from rank 0. Rank 0 also validates and streams progress to the driver through a
-Dask queue.
+model from the seed or loads the segment's starting checkpoint (identical on every rank), and
+trains with the configured exchange. Rank 0 validates, commits checkpoints to the run folder and
+streams progress to the driver through a Dask queue.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,12 +18,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import RunConfig, parse_config
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.distributed.sharding import read_manifest, read_shards
+from kgpipe.errors import CheckpointError
 from kgpipe.models.model import KGEModel
 from kgpipe.storage import Store
 from kgpipe.training import Callback, EpochStats, Exchange, Trainer
+from kgpipe.training.checkpointing import CheckpointCallback
 
 __all__ = ["RankSpec", "rank_main"]
 
@@ -41,6 +46,9 @@ class RankSpec:
     num_relations: int
     queue: str | None = None
     threads: int | None = None
+    start_epoch: int | None = None  # the committed checkpoint to start from (None: seeded init)
+    until: int | None = None  # train to this epoch (default: training.epochs)
+    meta: dict[str, Any] | None = None  # checkpoint manifest entries (rank 0 commits)
 
 
 class _Reporter(Callback):
@@ -69,6 +77,28 @@ class _Reporter(Callback):
         )
 
 
+class _FaultInjection(Callback):
+    """Test hook for fault-injection tests: ``KGPIPE_FAULT="<kill|raise>:<rank>:<epoch>:<step>"``
+    in the workers' environment makes that rank SIGKILL its own worker process, or raise, after
+    that step -- once per run folder (a marker file records that it fired)."""
+
+    def __init__(self, rank: int, store: Store, spec: str) -> None:
+        kind, r, e, s = spec.split(":")
+        self.kind = kind
+        self.active = int(r) == rank
+        self.at = (int(e), int(s))
+        self.store = store
+
+    def on_batch_end(
+        self, trainer: Trainer, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        if self.active and (epoch, step) == self.at and not self.store.exists("fault-fired"):
+            self.store.write_text("fault-fired", f"{self.kind} at {epoch}:{step}\n")
+            if self.kind == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"injected fault at epoch {epoch} step {step}")
+
+
 def _backend(config: RunConfig) -> str:
     """The process-group backend. Training tensors live on the CPU in this version (no device
     placement yet), so ``auto`` means gloo even on GPU workers."""
@@ -76,7 +106,9 @@ def _backend(config: RunConfig) -> str:
 
 
 def rank_main(spec: RankSpec) -> dict[str, Any]:
-    """Train as rank ``spec.rank``; rank 0 returns the final tables and the epoch history."""
+    """Train as rank ``spec.rank`` from checkpoint ``spec.start_epoch`` to ``spec.until``; rank 0
+    validates and commits checkpoints. Returns where the rank stopped (no tensors: the state is
+    in the checkpoint store)."""
     config = parse_config(spec.config)
     dcfg = config.distributed
     if spec.threads:
@@ -120,7 +152,12 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             # the global batch is split across ranks in both modes
             batch = max(1, training.batch_size // spec.world_size)
             training = training.model_copy(update={"batch_size": batch})
+        ckpt = CheckpointStore(
+            store, keep_last=config.checkpoint.keep_last, keep_best=config.checkpoint.keep_best
+        )
         callbacks: list[Callback] = []
+        saver: CheckpointCallback | None = None
+        until = spec.until or config.training.epochs
         if spec.rank == 0:
             if config.evaluation.every:
                 from kgpipe.run import staged_validation
@@ -132,8 +169,19 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                         train_all=read_shards(store, manifest, list(range(manifest.num_shards))),
                     )
                 )
+            saver = CheckpointCallback(
+                ckpt,
+                every=config.checkpoint.every,
+                until=until,
+                meta=spec.meta or {},
+                background=config.checkpoint.background,
+            )
+            callbacks.append(saver)
             if spec.queue:
                 callbacks.append(_Reporter(spec.queue))
+        fault = os.environ.get("KGPIPE_FAULT")
+        if fault:
+            callbacks.append(_FaultInjection(spec.rank, store, fault))
         trainer = Trainer(
             model,
             train,
@@ -145,15 +193,16 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             callbacks=callbacks,
             exchange=exchange,
         )
-        history = trainer.fit()
-        if spec.rank != 0:
-            return {"rank": spec.rank}
-        return {
-            "rank": 0,
-            "entity": model.entity.data.clone(),
-            "relation": model.relation.data.clone(),
-            "history": [s.as_dict() for s in history],
-            "global_step": trainer.global_step,
-        }
+        if spec.start_epoch is not None:
+            committed = {c.epoch: c for c in ckpt.committed()}
+            if spec.start_epoch not in committed:
+                raise CheckpointError(f"{spec.run_url}: no checkpoint of epoch {spec.start_epoch}")
+            trainer.load_state(ckpt.load(committed[spec.start_epoch]))
+        try:
+            trainer.fit(until=until)
+        finally:
+            if saver is not None:
+                saver.close()
+        return {"rank": spec.rank, "epoch": trainer.epoch, "global_step": trainer.global_step}
     finally:
         dist.destroy_process_group()

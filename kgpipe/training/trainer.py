@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from kgpipe.checkpoint import TrainState
 from kgpipe.config import RegularizerConfig, TrainingConfig
 from kgpipe.models.interactions import ComplEx, RotatE
 from kgpipe.models.model import KGEModel
@@ -91,6 +92,14 @@ class EpochStats:
         }
         out.update(self.extra)
         return out
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> EpochStats:
+        """Inverse of :meth:`as_dict` (``triples_per_s`` is derived, so dropped)."""
+        s = dict(row)
+        s.pop("triples_per_s", None)
+        core = {k: s.pop(k) for k in ("epoch", "loss", "triples", "seconds", "lr", "steps")}
+        return cls(**core, extra=s)
 
 
 class Callback:
@@ -221,6 +230,8 @@ class Trainer:
             if training.mode == "kvsall"
             else None
         )
+        if training.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
         self.epoch = 0  # epochs completed
         self.global_step = 0
         self.history: list[EpochStats] = []
@@ -561,9 +572,40 @@ class Trainer:
         self.history.append(stats)
         return stats
 
-    def fit(self, epochs: int | None = None) -> list[EpochStats]:
-        """Train until ``training.epochs`` (or ``epochs`` more) epochs are done."""
-        target = self.cfg.epochs if epochs is None else self.epoch + epochs
+    # -- checkpoints ----------------------------------------------------------------------------
+    def state(self, history: Sequence[EpochStats] | None = None) -> TrainState:
+        """The resumable state (live tensors: snapshot it before training goes on)."""
+        rows = self.history if history is None else history
+        return TrainState(
+            epoch=self.epoch,
+            global_step=self.global_step,
+            tables=dict(self.tables),
+            optimizer=self.optimizer.state_dict(),
+            history=[s.as_dict() for s in rows],
+            rng=torch.get_rng_state(),
+        )
+
+    def load_state(self, state: TrainState) -> None:
+        """Continue from ``state`` (tables, optimiser, counters and history)."""
+        with torch.no_grad():
+            for name, table in self.tables.items():
+                if state.tables[name].shape != table.shape:
+                    raise ValueError(
+                        f"checkpoint table {name} has shape {tuple(state.tables[name].shape)}, "
+                        f"the model {tuple(table.shape)}"
+                    )
+                table.copy_(state.tables[name])
+        self.optimizer.load_state_dict(state.optimizer)
+        self.epoch = state.epoch
+        self.global_step = state.global_step
+        self.history = [EpochStats.from_dict(h) for h in state.history]
+
+    def fit(self, epochs: int | None = None, *, until: int | None = None) -> list[EpochStats]:
+        """Train until ``training.epochs`` (or ``epochs`` more, or epoch ``until``) are done."""
+        if until is not None:
+            target = until
+        else:
+            target = self.cfg.epochs if epochs is None else self.epoch + epochs
         for cb in self.callbacks:
             cb.on_train_start(self)
         while self.epoch < target and not self.stop_requested:

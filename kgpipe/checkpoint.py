@@ -1,0 +1,331 @@
+"""Checkpoints on any fsspec URL, committed by a manifest written last.
+
+Layout under the run folder::
+
+    checkpoints/epoch-000007/state-<token>.safetensors   # tables, optimiser state, RNG state
+    checkpoints/epoch-000007/manifest.json               # the commit: checksums, epoch, ...
+
+The state file's name carries a random token, so an attempt that failed half-way (or a stale
+writer) can never overwrite bytes that a committed manifest points to. A checkpoint exists only
+once its manifest does; "latest" is the newest checkpoint whose manifest exists and whose files
+match their SHA-256. Incomplete or corrupt ones are skipped with a warning. Committed manifests
+are never overwritten; retention removes a checkpoint manifest first, so a half-deleted
+checkpoint is an uncommitted one.
+
+Tensors are stored with safetensors (no pickle); everything else is JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from kgpipe.errors import CheckpointError, KgpipeError
+from kgpipe.storage import Store
+
+__all__ = [
+    "Checkpoint",
+    "CheckpointStore",
+    "CheckpointWriter",
+    "TrainState",
+]
+
+log = logging.getLogger("kgpipe.checkpoint")
+
+FORMAT = "kgpipe-checkpoint/1"
+ROOT = "checkpoints"
+_DIR = re.compile(r"^epoch-(\d{6,})$")
+
+
+@dataclass
+class TrainState:
+    """Everything a resume needs, besides the staged data and the config."""
+
+    epoch: int
+    global_step: int
+    tables: dict[str, Tensor]  # entity, relation
+    optimizer: dict[str, Tensor]  # RowOptimizer.state_dict()
+    history: list[dict[str, Any]] = field(default_factory=list)  # EpochStats.as_dict() rows
+    rng: Tensor | None = None  # torch.get_rng_state() of the writer
+
+    def snapshot(self) -> TrainState:
+        """A copy that training may not change any more (for a background upload)."""
+        return TrainState(
+            self.epoch,
+            self.global_step,
+            {k: v.detach().clone() for k, v in self.tables.items()},
+            {k: v.detach().clone() for k, v in self.optimizer.items()},
+            [dict(h) for h in self.history],
+            self.rng.clone() if self.rng is not None else None,
+        )
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A committed checkpoint (its manifest exists)."""
+
+    url: str
+    epoch: int
+    manifest: dict[str, Any]
+
+    @property
+    def global_step(self) -> int:
+        return int(self.manifest["global_step"])
+
+    @property
+    def valid_mrr(self) -> float | None:
+        v = self.manifest.get("valid_mrr")
+        return None if v is None else float(v)
+
+
+def _dir(epoch: int) -> str:
+    return f"{ROOT}/epoch-{epoch:06d}"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class CheckpointStore:
+    """Commit, find, verify, load and prune the checkpoints of one run folder."""
+
+    def __init__(self, store: Store, *, keep_last: int = 3, keep_best: bool = True) -> None:
+        self.store = store
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+
+    # -- writing ---------------------------------------------------------------------------------
+    def save(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
+        """Write ``state`` and commit it; ``meta`` (config hash, world size, ...) goes into the
+        manifest. Raises :class:`CheckpointError` if this epoch is already committed."""
+        folder = _dir(state.epoch)
+        manifest_rel = f"{folder}/manifest.json"
+        if self.store.exists(manifest_rel):
+            raise CheckpointError(
+                f"{self.store.url_of(manifest_rel)}: epoch {state.epoch} is already committed; "
+                "committed checkpoints are never overwritten"
+            )
+        tensors = {f"table.{k}": v.contiguous() for k, v in state.tables.items()}
+        tensors.update({f"optim.{k}": v.contiguous() for k, v in state.optimizer.items()})
+        if state.rng is not None:
+            tensors["rng.torch"] = state.rng
+        blob = st_save(tensors, metadata={"format": FORMAT, "epoch": str(state.epoch)})
+        name = f"state-{uuid.uuid4().hex[:12]}.safetensors"
+        self.store.write_bytes(f"{folder}/{name}", blob)
+        manifest = {
+            "format": FORMAT,
+            "epoch": state.epoch,
+            "global_step": state.global_step,
+            "files": {name: {"sha256": _sha256(blob), "bytes": len(blob)}},
+            "history": state.history,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            **meta,
+        }
+        # the commit: the manifest is written last (and checked once more for a racing writer)
+        if self.store.exists(manifest_rel):
+            raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed concurrently")
+        self.store.write_json(manifest_rel, manifest)
+        return Checkpoint(self.store.url_of(folder), state.epoch, manifest)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def epochs(self) -> list[int]:
+        """Epochs with a checkpoint folder (committed or not), oldest first."""
+        out = []
+        for name in self.store.list(ROOT):
+            m = _DIR.match(name)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def manifest(self, epoch: int) -> dict[str, Any] | None:
+        rel = f"{_dir(epoch)}/manifest.json"
+        if not self.store.exists(rel):
+            return None
+        try:
+            data = json.loads(self.store.read_text(rel))
+        except (ValueError, UnicodeDecodeError):
+            log.warning("%s: unreadable manifest; skipped", self.store.url_of(rel))
+            return None
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            log.warning("%s: not a %s manifest; skipped", self.store.url_of(rel), FORMAT)
+            return None
+        return data
+
+    def committed(self) -> list[Checkpoint]:
+        """Checkpoints whose manifest exists (not verified), oldest first."""
+        out = []
+        for epoch in self.epochs():
+            m = self.manifest(epoch)
+            if m is not None:
+                out.append(Checkpoint(self.store.url_of(_dir(epoch)), epoch, m))
+        return out
+
+    def _read_verified(self, ckpt: Checkpoint) -> dict[str, bytes] | None:
+        files: dict[str, bytes] = {}
+        for name, info in ckpt.manifest["files"].items():
+            rel = f"{_dir(ckpt.epoch)}/{name}"
+            try:
+                data = self.store.read_bytes(rel)
+            except FileNotFoundError:
+                log.warning("%s: missing; checkpoint of epoch %d skipped", rel, ckpt.epoch)
+                return None
+            if len(data) != info["bytes"] or _sha256(data) != info["sha256"]:
+                log.warning(
+                    "%s: checksum mismatch (corrupt); checkpoint of epoch %d skipped",
+                    self.store.url_of(rel), ckpt.epoch,
+                )  # fmt: skip
+                return None
+            files[name] = data
+        return files
+
+    def verify(self, ckpt: Checkpoint) -> bool:
+        return self._read_verified(ckpt) is not None
+
+    def latest(self, *, max_epoch: int | None = None) -> tuple[Checkpoint, TrainState] | None:
+        """The newest committed checkpoint that verifies, loaded; ``None`` if there is none."""
+        for ckpt in reversed(self.committed()):
+            if max_epoch is not None and ckpt.epoch > max_epoch:
+                continue
+            files = self._read_verified(ckpt)
+            if files is None:
+                continue
+            return ckpt, self._state(ckpt, files)
+        return None
+
+    def resume_point(self) -> tuple[Checkpoint, TrainState] | None:
+        """:meth:`latest`, after un-committing newer checkpoints that fail verification (their
+        manifest is kept aside as ``corrupt-<token>.json``) so those epochs can be committed
+        again by the resumed training."""
+        found = self.latest()
+        start = found[0].epoch if found else 0
+        for ckpt in self.committed():
+            if ckpt.epoch > start:
+                rel = f"{_dir(ckpt.epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
+                self.store.write_json(rel, ckpt.manifest)
+                self.store.remove(f"{_dir(ckpt.epoch)}/manifest.json", recursive=False)
+                log.warning(
+                    "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)",
+                    ckpt.epoch, self.store.url_of(rel),
+                )  # fmt: skip
+        return found
+
+    def load(self, ckpt: Checkpoint) -> TrainState:
+        files = self._read_verified(ckpt)
+        if files is None:
+            raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
+        return self._state(ckpt, files)
+
+    def _state(self, ckpt: Checkpoint, files: dict[str, bytes]) -> TrainState:
+        tables: dict[str, Tensor] = {}
+        optim: dict[str, Tensor] = {}
+        rng = None
+        for data in files.values():
+            for k, v in st_load(data).items():
+                kind, _, name = k.partition(".")
+                if kind == "table":
+                    tables[name] = v
+                elif kind == "optim":
+                    optim[name] = v
+                elif k == "rng.torch":
+                    rng = v
+        return TrainState(
+            ckpt.epoch, ckpt.global_step, tables, optim, list(ckpt.manifest["history"]), rng
+        )
+
+    # -- retention -------------------------------------------------------------------------------
+    def prune(self) -> list[int]:
+        """Remove committed checkpoints beyond the newest ``keep_last`` (and the best by
+        validation MRR), and uncommitted leftovers older than the newest commit."""
+        committed = self.committed()
+        keep = {c.epoch for c in committed[-self.keep_last :]}
+        scored = [c for c in committed if c.valid_mrr is not None]
+        if self.keep_best and scored:
+            keep.add(max(scored, key=lambda c: (c.valid_mrr, c.epoch)).epoch)
+        newest = committed[-1].epoch if committed else 0
+        done = {c.epoch for c in committed}
+        removed = []
+        for epoch in self.epochs():
+            if epoch in keep or (epoch not in done and epoch >= newest):
+                continue  # kept, or possibly being written right now
+            if epoch in done:  # un-commit first: a half-deleted checkpoint is an uncommitted one
+                self.store.remove(f"{_dir(epoch)}/manifest.json", recursive=False)
+            self.store.remove(_dir(epoch))
+            removed.append(epoch)
+        return removed
+
+    def best(self) -> Checkpoint | None:
+        scored = [c for c in self.committed() if c.valid_mrr is not None]
+        return max(scored, key=lambda c: (c.valid_mrr, -c.epoch)) if scored else None
+
+
+class CheckpointWriter:
+    """Commits checkpoints, in a background thread when asked, one at a time.
+
+    :meth:`submit` copies the state and returns at once (background) or after the commit. A
+    second submit waits for the first upload, so at most one snapshot is held. Errors of a
+    background commit are raised by the next :meth:`submit` or by :meth:`wait`.
+    """
+
+    def __init__(
+        self,
+        checkpoints: CheckpointStore,
+        *,
+        background: bool = True,
+        on_commit: Callable[[Checkpoint, float], None] | None = None,
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.background = background
+        self.on_commit = on_commit
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kgpipe-ckpt") if background else None
+        self._pending: Future[Checkpoint] | None = None
+        self._lock = threading.Lock()
+        self.commits: list[Checkpoint] = []
+        self.seconds = 0.0  # spent in the training thread (snapshot + waiting)
+
+    def _commit(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
+        t0 = time.perf_counter()
+        ckpt = self.checkpoints.save(state, meta)
+        with self._lock:
+            self.commits.append(ckpt)
+        try:
+            self.checkpoints.prune()
+        except KgpipeError as err:  # retention is housekeeping: never fail training for it
+            log.warning("checkpoint retention: %s", err)
+        if self.on_commit is not None:
+            self.on_commit(ckpt, time.perf_counter() - t0)
+        return ckpt
+
+    def submit(self, state: TrainState, meta: dict[str, Any]) -> None:
+        t0 = time.perf_counter()
+        self.wait()
+        if self._pool is None:
+            self._commit(state, meta)
+        else:
+            self._pending = self._pool.submit(self._commit, state.snapshot(), meta)
+        self.seconds += time.perf_counter() - t0
+
+    def wait(self) -> None:
+        """Block until the pending commit is done; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)

@@ -1,0 +1,342 @@
+"""Checkpoints: commit protocol, verification, retention, resume and recovery from faults.
+
+Fault-injection tests assert that every epoch is committed exactly once and that the final
+parameters equal those of an uninterrupted run, bit for bit (CPU, same world size).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from kgpipe.checkpoint import CheckpointStore, TrainState
+from kgpipe.config import parse_config
+from kgpipe.errors import CheckpointError, KgpipeError
+from kgpipe.run import train
+from kgpipe.storage import RetryPolicy, Store, is_transient
+from kgpipe.training import Callback
+
+REPO = Path(__file__).resolve().parents[1]
+
+SMALL = {
+    "run": {"seed": 5},
+    "data": {"dataset": "umls"},
+    "model": {"name": "complex", "dim": 32, "reciprocal": True},
+    "training": {"epochs": 4, "batch_size": 128, "mode": "1vsall", "loss": "cross_entropy",
+                 "optimizer": "adam", "lr": 0.01},
+    "evaluation": {"test": False, "every": 2},
+    "checkpoint": {"keep_last": 100},
+}  # fmt: skip
+
+
+def _config(root: str, name: str, **over: Any) -> Any:
+    data = json.loads(json.dumps(SMALL))
+    data["run"].update({"root": root, "name": name})
+    for section, values in over.items():
+        data.setdefault(section, {}).update(values)
+    return parse_config(data)
+
+
+def _state(epoch: int, rows: int = 5) -> TrainState:
+    g = torch.Generator().manual_seed(epoch)
+    return TrainState(
+        epoch=epoch,
+        global_step=10 * epoch,
+        tables={"entity": torch.randn(rows, 4, generator=g), "relation": torch.randn(2, 4)},
+        optimizer={"entity.sum": torch.rand(rows, 4), "step": torch.tensor([10 * epoch])},
+        history=[{"epoch": e, "loss": 1.0 / e} for e in range(1, epoch + 1)],
+        rng=torch.get_rng_state(),
+    )
+
+
+# -- the commit protocol ---------------------------------------------------------------------------
+def test_commit_verify_and_never_overwrite(tmp_path: Path) -> None:
+    ckpts = CheckpointStore(Store(str(tmp_path)))
+    assert ckpts.latest() is None
+    ckpts.save(_state(1), {"config_hash": "x"})
+    c2 = ckpts.save(_state(2), {"config_hash": "x", "valid_mrr": 0.5})
+    found = ckpts.latest()
+    assert found is not None and found[0].epoch == 2
+    back = found[1]
+    assert torch.equal(back.tables["entity"], _state(2).tables["entity"])
+    assert torch.equal(back.optimizer["step"], torch.tensor([20]))
+    assert back.global_step == 20 and back.history[-1]["epoch"] == 2
+    assert c2.manifest["config_hash"] == "x"
+    with pytest.raises(CheckpointError, match="already committed"):
+        ckpts.save(_state(2), {})
+    # data without a manifest is not a checkpoint
+    (tmp_path / "checkpoints" / "epoch-000003").mkdir()
+    (tmp_path / "checkpoints" / "epoch-000003" / "state-abc.safetensors").write_bytes(b"partial")
+    found = ckpts.latest()
+    assert found is not None and found[0].epoch == 2
+
+
+def test_corrupt_checkpoint_is_skipped_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ckpts = CheckpointStore(Store(str(tmp_path)))
+    for e in (1, 2, 3):
+        ckpts.save(_state(e), {})
+    state_file = next((tmp_path / "checkpoints" / "epoch-000003").glob("state-*"))
+    raw = bytearray(state_file.read_bytes())
+    raw[-10] ^= 0xFF  # flip bits inside the tensor data
+    state_file.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="kgpipe.checkpoint"):
+        found = ckpts.resume_point()
+    assert found is not None and found[0].epoch == 2
+    assert "checksum mismatch" in caplog.text
+    # the corrupt epoch is un-committed, so resumed training can commit epoch 3 again
+    assert [c.epoch for c in ckpts.committed()] == [1, 2]
+    ckpts.save(_state(3), {})
+    assert [c.epoch for c in ckpts.committed()] == [1, 2, 3]
+
+
+def test_retention_keeps_last_k_and_best(tmp_path: Path) -> None:
+    ckpts = CheckpointStore(Store(str(tmp_path)), keep_last=2, keep_best=True)
+    for e, mrr in zip(range(1, 7), [0.1, 0.9, 0.3, 0.4, 0.5, 0.2], strict=True):
+        ckpts.save(_state(e), {"valid_mrr": mrr})
+        ckpts.prune()
+    assert [c.epoch for c in ckpts.committed()] == [2, 5, 6]
+    best = ckpts.best()
+    assert best is not None and best.epoch == 2
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        "epoch-000002", "epoch-000005", "epoch-000006",
+    ]  # fmt: skip
+
+
+def test_transient_error_classification() -> None:
+    assert is_transient(ConnectionError("refused"))
+    assert is_transient(OSError("reset"))
+    assert not is_transient(PermissionError("denied"))
+    assert not is_transient(FileNotFoundError("x"))
+    assert RetryPolicy(retries=4, backoff_s=0.5, max_backoff_s=2).delays() == [0.5, 1, 2, 2]
+
+
+# -- resume: bit-identical to an uninterrupted run ---------------------------------------------------
+class _Crash(Callback):
+    """Raises in the middle of epoch ``epoch`` (a crash of the training process)."""
+
+    def __init__(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def on_batch_end(self, trainer, epoch, step, steps, loss):  # type: ignore[no-untyped-def]
+        if epoch == self.epoch and step == steps // 2:
+            raise KeyboardInterrupt("simulated crash")
+
+
+def _manifests(run: Path) -> dict[int, dict]:
+    out = {}
+    for d in sorted((run / "checkpoints").iterdir()):
+        m = d / "manifest.json"
+        if m.exists():
+            out[int(d.name.split("-")[1])] = json.loads(m.read_text())
+    return out
+
+
+def _assert_same_model(a: Path, b: Path) -> None:
+    ta, tb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    for k in ("entity", "relation"):
+        assert torch.equal(ta[k], tb[k]), k
+
+
+def test_interrupted_and_resumed_run_is_bit_identical(tmp_path: Path) -> None:
+    train(_config(str(tmp_path), "straight"))
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(tmp_path), "resumed"), callbacks=[_Crash(3)])
+    before = _manifests(tmp_path / "resumed")
+    assert sorted(before) == [1, 2]
+    result = train(_config(str(tmp_path), "resumed"), resume=True)
+    _assert_same_model(tmp_path / "straight", tmp_path / "resumed")
+    after = _manifests(tmp_path / "resumed")
+    assert sorted(after) == [1, 2, 3, 4]
+    for e in (1, 2):  # committed once: the resumed run did not write them again
+        assert after[e]["files"] == before[e]["files"]
+    metrics = [
+        json.loads(x) for x in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
+    straight = (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+    assert [m["loss"] for m in metrics] == [json.loads(x)["loss"] for x in straight]
+    assert [h.epoch for h in result.history] == [1, 2, 3, 4]
+
+
+def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
+    train(_config(str(tmp_path), "straight"))
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(tmp_path), "r"), callbacks=[_Crash(4)])
+    state_file = next((tmp_path / "r" / "checkpoints" / "epoch-000003").glob("state-*"))
+    raw = bytearray(state_file.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    state_file.write_bytes(bytes(raw))
+    train(_config(str(tmp_path), "r"), resume=True)
+    _assert_same_model(tmp_path / "straight", tmp_path / "r")
+    assert sorted(_manifests(tmp_path / "r")) == [1, 2, 3, 4]
+
+
+def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
+    train(_config(str(tmp_path), "a", training={"epochs": 1}))
+    with pytest.raises(KgpipeError, match=r"cannot resume.*model"):
+        train(_config(str(tmp_path), "a", training={"epochs": 1}, model={"dim": 16}), resume=True)
+
+
+# -- the training process killed (kill -9), then run again with the same name -----------------------
+def test_killed_training_process_resumes_from_the_last_commit(tmp_path: Path) -> None:
+    name, root = "killed", str(tmp_path)
+    base = [sys.executable, "-m", "kgpipe.cli", "train", "-c",
+            str(REPO / "configs" / "umls-complex.yaml"), "--quiet"]  # fmt: skip
+
+    def sets_for(run_name: str) -> list[str]:
+        cfg = [f"run.root={root}", f"run.name={run_name}", "training.epochs=30",
+               "evaluation.every=10"]  # fmt: skip
+        return [x for c in cfg for x in ("--set", c)]
+
+    sets = sets_for(name)
+    proc = subprocess.Popen([*base, *sets], cwd=REPO)
+    ckpt = tmp_path / name / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not (ckpt / "epoch-000012" / "manifest.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = sorted(_manifests(tmp_path / name))
+    assert 12 <= done[-1] < 30
+    out = subprocess.run([*base, *sets, "--resume"], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    subprocess.run([*base, *sets_for("straight")], cwd=REPO, check=True)
+    _assert_same_model(tmp_path / "straight", tmp_path / name)
+    assert sorted(_manifests(tmp_path / name))[-1] == 30
+    results = json.loads((tmp_path / name / "results.json").read_text())
+    assert results["training"]["resumed_from_epoch"] == done[-1]
+
+
+# -- a Dask worker killed with SIGKILL mid-epoch: the gang is relaunched from the last commit -----
+@pytest.mark.parametrize("rank", [0, 1])
+def test_killed_dask_worker_recovers_bit_identically(
+    tmp_path: Path, rank: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    over = {"distributed": {"workers": 2, "sync": "step", "timeout_s": 30},
+            "fault_tolerance": {"restart_backoff_s": 0.1}}  # fmt: skip
+    train(_config(str(tmp_path), "straight", **over))
+    # the workers' environment is copied from this process when the cluster starts
+    monkeypatch.setenv("KGPIPE_FAULT", f"kill:{rank}:3:10")
+    result = train(_config(str(tmp_path), "faulty", **over))
+    assert (tmp_path / "faulty" / "fault-fired").exists()
+    assert result.results is None  # evaluation.test is off in these runs
+    _assert_same_model(tmp_path / "straight", tmp_path / "faulty")
+    manifests = _manifests(tmp_path / "faulty")
+    assert sorted(manifests) == [1, 2, 3, 4]
+    assert all(m["world_size"] == 2 for m in manifests.values())
+    metrics = [
+        json.loads(x) for x in (tmp_path / "faulty" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]  # epoch 3 appears once, after the restart
+    assert [m.get("restarts", 0) for m in metrics] == [0, 0, 1, 1]
+
+
+# -- object storage: a real S3 server (SeaweedFS) ----------------------------------------------------
+def _s3_config(server: Any, name: str, **over: Any) -> Any:
+    cfg = _config("s3://kgpipe/ckpt-runs", name, **over)
+    data = cfg.model_dump(mode="json")
+    data["run"]["storage_options"] = server.storage_options()
+    return parse_config(data)
+
+
+def test_checkpoints_in_s3_resume_bit_identically(s3_server: Any, tmp_path: Path) -> None:
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    train(_config(str(tmp_path), "local"))
+    with pytest.raises(KeyboardInterrupt):
+        train(_s3_config(s3_server, "s3-resume"), callbacks=[_Crash(3)])
+    train(_s3_config(s3_server, "s3-resume"), resume=True)
+    fs = s3fs.S3FileSystem(**s3_server.storage_options(), skip_instance_cache=True)
+    root = "kgpipe/ckpt-runs/s3-resume"
+    epochs = sorted(p.rsplit("-", 1)[-1] for p in fs.ls(f"{root}/checkpoints"))
+    assert epochs == ["000001", "000002", "000003", "000004"]
+    local = load_file(tmp_path / "local" / "model.safetensors")
+    from safetensors.torch import load as st_load
+
+    remote = st_load(fs.cat_file(f"{root}/model.safetensors"))
+    assert all(torch.equal(local[k], remote[k]) for k in ("entity", "relation"))
+
+
+def test_s3_outage_during_a_checkpoint_write(own_s3_server: Any, tmp_path: Path) -> None:
+    """The S3 server is stopped while epoch 2's checkpoint is being written and restarted 10 s
+    later: no partial checkpoint becomes visible, the writes are retried, training completes."""
+    import s3fs
+
+    s3fs.S3FileSystem.clear_instance_cache()
+    server = own_s3_server.server
+    train(_config(str(tmp_path), "local"))
+    store_cls_write = Store.write_bytes
+    seen: dict[str, Any] = {}
+
+    def write_bytes(self: Store, rel: str, data: bytes) -> None:
+        if rel.startswith("checkpoints/epoch-000002/state-") and "stopped" not in seen:
+            own_s3_server.stop()
+            seen["stopped"] = time.monotonic()
+
+            def restart() -> None:
+                time.sleep(10)
+                own_s3_server.start()
+                seen["restarted"] = time.monotonic()
+
+            seen["thread"] = threading.Thread(target=restart)
+            seen["thread"].start()
+        store_cls_write(self, rel, data)
+
+    cfg = _s3_config(server, "outage", checkpoint={"background": False, "keep_last": 100},
+                     fault_tolerance={"storage_retries": 8, "storage_backoff_s": 0.5})  # fmt: skip
+    Store.write_bytes = write_bytes  # type: ignore[method-assign]
+    try:
+        train(cfg)
+    finally:
+        Store.write_bytes = store_cls_write  # type: ignore[method-assign]
+        if "thread" in seen:
+            seen["thread"].join()
+    assert seen["restarted"] - seen["stopped"] >= 10
+    fs = s3fs.S3FileSystem(**server.storage_options(), skip_instance_cache=True)
+    root = "kgpipe/ckpt-runs/outage/checkpoints"
+    for d in fs.ls(root):
+        names = [p.rsplit("/", 1)[-1] for p in fs.ls(d)]
+        assert "manifest.json" in names  # every epoch folder is committed
+        states = [n for n in names if n.startswith("state-")]
+        manifest = json.loads(fs.cat_file(f"{d}/manifest.json"))
+        assert set(manifest["files"]) <= set(states)
+    ckpts = CheckpointStore(Store("s3://" + root.rsplit("/", 1)[0], server.storage_options()))
+    assert [c.epoch for c in ckpts.committed()] == [1, 2, 3, 4]
+    assert all(ckpts.verify(c) for c in ckpts.committed())
+    from safetensors.torch import load as st_load
+
+    remote = st_load(fs.cat_file("kgpipe/ckpt-runs/outage/model.safetensors"))
+    local = load_file(tmp_path / "local" / "model.safetensors")
+    assert all(torch.equal(local[k], remote[k]) for k in ("entity", "relation"))
+
+
+def test_wrong_s3_credentials_give_a_clear_error(s3_server: Any, tmp_path: Path) -> None:
+    env = {**os.environ, "AWS_DEFAULT_REGION": "us-east-1"}
+    out = subprocess.run(
+        [sys.executable, "-m", "kgpipe.cli", "train", "-c",
+         str(REPO / "configs" / "umls-complex.yaml"), "--quiet",
+         "--set", "run.root=s3://kgpipe/wrong-creds", "--set", "run.name=x",
+         "--set", f"run.storage_options={{key: nobody, secret: wrong-secret-123, "
+                  f"client_kwargs: {{endpoint_url: '{s3_server.endpoint}'}}}}"],
+        cwd=REPO, capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "access denied" in out.stderr.lower() or "credentials" in out.stderr.lower(), out.stderr
+    assert "Traceback" not in out.stderr
+    assert "wrong-secret-123" not in out.stderr + out.stdout
