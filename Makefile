@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   -- install, then train ComplEx on the bundled UMLS graph end to end
+#   make demo   -- install, then run the Prefect training flow (2-worker LocalCluster) on the bundled UMLS graph
 #   make test   -- install, then run the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/kgpipe train -c configs/umls-complex.yaml
+	$(BIN)/kgpipe train -c configs/umls-complex.yaml --set distributed.workers=2
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -26,8 +26,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(STAMP)
-	$(BIN)/ruff check kgpipe tests bench
-	$(BIN)/ruff format --check kgpipe tests bench
+	$(BIN)/ruff check kgpipe tests bench flows tasks
+	$(BIN)/ruff format --check kgpipe tests bench flows tasks
 	$(BIN)/mypy
 
 clean:

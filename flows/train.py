@@ -38,7 +38,8 @@ def train_kge(
     logger = get_run_logger()
     run = stage_data(config, resume=resume, warm_start=warm_start)
     progress = new_progress(run)
-    address = start_cluster(run.config)
+    cluster = start_cluster(run.config)
+    address = cluster["address"] if cluster else None
     history = committed_history(run)
     restarts = 0
     try:
@@ -52,7 +53,12 @@ def train_kge(
         stop_cluster(address)
     results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0)
     report = publish_report(
-        run, results, history, seconds=time.perf_counter() - t0, previous=previous
+        run,
+        results,
+        history,
+        seconds=time.perf_counter() - t0,
+        previous=previous,
+        dashboard=cluster["dashboard"] if cluster else None,
     )
     summary = {
         "run": run.url,

@@ -321,6 +321,9 @@ def _check_resumable(store: Store, config: RunConfig) -> None:
     _, stored = open_run(store.url, config.run.storage_options)
     if config_hash(stored) != config_hash(config):
         a, b = stored.model_dump(mode="json"), config.model_dump(mode="json")
+        for d in (a, b):
+            d["run"] = {"seed": d["run"]["seed"]}
+            d["data"].pop("storage_options")
         differ = [k for k in ("run", "data", "model", "training") if a[k] != b[k]]
         raise RunError(
             f"{store.url}: cannot resume: the config differs from the run's config.yaml in "
@@ -343,13 +346,6 @@ class SegmentResult:
     checkpoint: str
     history: list[dict[str, Any]]
     restarts: int
-
-    @property
-    def valid_mrr(self) -> float | None:
-        for row in reversed(self.history):
-            if "valid_mrr" in row:
-                return float(row["valid_mrr"])
-        return None
 
 
 class Session:
@@ -400,21 +396,17 @@ class Session:
             self.restarts = outcome.restarts
         else:
             self._train_in_process(until)
-        found = self.checkpoints.latest()
-        if found is None or found[0].epoch != until:
+        committed = self.checkpoints.committed()  # manifests only: no re-download of the state
+        if not committed or committed[-1].epoch != until:
             raise RunError(f"{self.run.url}: training to epoch {until} left no checkpoint of it")
-        ckpt, state = found
-        return SegmentResult(until, ckpt.url, state.history, self.restarts)
+        ckpt = committed[-1]
+        return SegmentResult(until, ckpt.url, list(ckpt.manifest["history"]), self.restarts)
 
     def _train_in_process(self, until: int) -> None:
         config = self.run.config
         trainer = self._trainer
-        latest = None
-        if (
-            trainer is None
-            or not self.checkpoints.committed()
-            or (self.checkpoints.committed()[-1].epoch != trainer.epoch)
-        ):
+        committed = self.checkpoints.committed() if trainer is not None else []
+        if trainer is None or not committed or committed[-1].epoch != trainer.epoch:
             latest = self._latest()
             trainer = self._build_trainer(latest[1] if latest else None)
         assert self._ckpt_cb is not None

@@ -65,9 +65,9 @@ def stage_data(config: RunConfig, resume: bool = True, warm_start: str | None = 
 
 
 @task(cache_policy=NO_CACHE, timeout_seconds=600)
-def start_cluster(config: RunConfig) -> str | None:
-    """Start (LocalCluster / LocalCUDACluster) or connect to the Dask cluster; returns the
-    scheduler address, or ``None`` when training runs in-process."""
+def start_cluster(config: RunConfig) -> dict[str, str] | None:
+    """Start (LocalCluster / LocalCUDACluster) or connect to the Dask cluster; returns its
+    scheduler ``address`` and ``dashboard`` link, or ``None`` when training runs in-process."""
     if not config.distributed.uses_dask:
         return None
     from prefect.settings import PREFECT_API_URL
@@ -87,7 +87,7 @@ def start_cluster(config: RunConfig) -> str | None:
     with _LOCK:
         _CLUSTERS[address] = (cm, client)
     logger.info("Dask dashboard: %s", client.dashboard_link)
-    return address
+    return {"address": address, "dashboard": str(client.dashboard_link)}
 
 
 @task(cache_policy=NO_CACHE, timeout_seconds=600)

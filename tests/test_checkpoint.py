@@ -192,7 +192,13 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
 
 
 # -- the training process killed (kill -9), then run again with the same name -----------------------
-def test_killed_training_process_resumes_from_the_last_commit(tmp_path: Path) -> None:
+def test_killed_training_process_resumes_from_the_last_commit(
+    tmp_path: Path, prefect_server: Any
+) -> None:
+    """The process running the Prefect flow is killed with SIGKILL after epoch 12 is committed;
+    running it again with the same run name resumes from the last commit and ends bit-identical
+    to an uninterrupted run."""
+    env = prefect_server.client_env()  # a real server: no temporary server left orphaned
     name, root = "killed", str(tmp_path)
     base = [sys.executable, "-m", "kgpipe.cli", "train", "-c",
             str(REPO / "configs" / "umls-complex.yaml"), "--quiet"]  # fmt: skip
@@ -203,7 +209,7 @@ def test_killed_training_process_resumes_from_the_last_commit(tmp_path: Path) ->
         return [x for c in cfg for x in ("--set", c)]
 
     sets = sets_for(name)
-    proc = subprocess.Popen([*base, *sets], cwd=REPO)
+    proc = subprocess.Popen([*base, *sets], cwd=REPO, env=env)
     ckpt = tmp_path / name / "checkpoints"
     deadline = time.monotonic() + 120
     while not (ckpt / "epoch-000012" / "manifest.json").exists():
@@ -213,9 +219,11 @@ def test_killed_training_process_resumes_from_the_last_commit(tmp_path: Path) ->
     proc.wait()
     done = sorted(_manifests(tmp_path / name))
     assert 12 <= done[-1] < 30
-    out = subprocess.run([*base, *sets, "--resume"], cwd=REPO, capture_output=True, text=True)
+    out = subprocess.run(
+        [*base, *sets, "--resume"], cwd=REPO, capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    subprocess.run([*base, *sets_for("straight")], cwd=REPO, check=True)
+    subprocess.run([*base, *sets_for("straight")], cwd=REPO, check=True, env=env)
     _assert_same_model(tmp_path / "straight", tmp_path / name)
     assert sorted(_manifests(tmp_path / name))[-1] == 30
     results = json.loads((tmp_path / name / "results.json").read_text())
@@ -244,6 +252,24 @@ def test_killed_dask_worker_recovers_bit_identically(
     ]
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]  # epoch 3 appears once, after the restart
     assert [m.get("restarts", 0) for m in metrics] == [0, 0, 1, 1]
+
+
+def test_resume_on_a_different_number_of_workers(tmp_path: Path) -> None:
+    """Checkpoints do not depend on the world size: a run begun in one process continues as a
+    gang of 2 Dask workers (and ends close to the single-process run, not identical)."""
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(tmp_path), "grow"), callbacks=[_Crash(3)])
+    result = train(
+        _config(str(tmp_path), "grow", distributed={"workers": 2, "sync": "step"}), resume=True
+    )
+    manifests = _manifests(tmp_path / "grow")
+    assert sorted(manifests) == [1, 2, 3, 4]
+    assert [manifests[e]["world_size"] for e in (1, 2, 3, 4)] == [1, 1, 2, 2]
+    assert [h.epoch for h in result.history] == [1, 2, 3, 4]
+    train(_config(str(tmp_path), "single"))
+    a = load_file(tmp_path / "grow" / "model.safetensors")["entity"]
+    b = load_file(tmp_path / "single" / "model.safetensors")["entity"]
+    assert (a - b).abs().max() < 1e-4  # step sync sums the same gradients, in another order
 
 
 # -- object storage: a real S3 server (SeaweedFS) ----------------------------------------------------

@@ -50,6 +50,14 @@ class RankSpec:
     until: int | None = None  # train to this epoch (default: training.epochs)
     meta: dict[str, Any] | None = None  # checkpoint manifest entries (rank 0 commits)
 
+    def __repr__(self) -> str:
+        # Dask prints task arguments in its logs (e.g. "Compute Failed"): never the config or
+        # the storage options, which may hold credentials
+        return (
+            f"RankSpec(rank={self.rank}, world_size={self.world_size}, run_url={self.run_url!r}, "
+            f"start_epoch={self.start_epoch}, until={self.until})"
+        )
+
 
 class _Reporter(Callback):
     """Rank 0: puts progress events on the driver's Dask queue (batches at most every 0.5 s)."""

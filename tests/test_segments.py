@@ -1,0 +1,71 @@
+"""Segments between validations, early stopping, warm-start mapping (pure parts and a run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from kgpipe.config import parse_config
+from kgpipe.data import Vocabulary
+from kgpipe.run import segment_ends, should_stop, train
+from kgpipe.warmstart import warm_start_tables
+
+
+def _cfg(epochs: int, every: int) -> object:
+    return parse_config({"data": {"dataset": "umls"}, "training": {"epochs": epochs},
+                         "evaluation": {"every": every}})  # fmt: skip
+
+
+def test_segment_ends() -> None:
+    assert segment_ends(0, _cfg(10, 4)) == [4, 8, 10]
+    assert segment_ends(5, _cfg(10, 4)) == [8, 10]
+    assert segment_ends(0, _cfg(10, 0)) == [10]
+    assert segment_ends(8, _cfg(8, 4)) == []
+    assert segment_ends(0, _cfg(8, 4)) == [4, 8]
+
+
+def test_should_stop() -> None:
+    rows = [{"valid_mrr": x} for x in (0.1, 0.3, 0.2, 0.25)]
+    assert should_stop(rows, 2)  # no better than 0.3 in the last two
+    assert not should_stop(rows, 3)
+    assert not should_stop([*rows, {"valid_mrr": 0.31}], 2)
+    assert not should_stop(rows, None)
+
+
+def test_early_stopping_keeps_the_best_validated_model(tmp_path: Path) -> None:
+    cfg = parse_config({
+        "run": {"root": str(tmp_path), "name": "es", "seed": 0},
+        "data": {"dataset": "umls"},
+        "model": {"name": "distmult", "dim": 16},
+        # a learning rate far too high: validation MRR peaks early, then stalls or falls
+        "training": {"epochs": 40, "batch_size": 512, "lr": 0.5, "loss": "softplus",
+                     "negatives": 16, "chunk_size": 64},
+        "evaluation": {"every": 1, "patience": 2},
+        "checkpoint": {"keep_last": 2},
+    })  # fmt: skip
+    result = train(cfg)
+    assert result.results is not None
+    history = result.history
+    assert len(history) < 40
+    mrrs = [h.extra["valid_mrr"] for h in history]
+    best_epoch = max(range(len(mrrs)), key=lambda i: (mrrs[i], -i)) + 1
+    assert result.results["training"]["model_epoch"] == best_epoch
+    assert max(mrrs[-2:]) <= max(mrrs[:-2])
+    manifests = sorted((tmp_path / "es" / "checkpoints").glob("*/manifest.json"))
+    kept = [json.loads(m.read_text())["epoch"] for m in manifests]
+    assert best_epoch in kept and len(kept) <= 3  # last 2 and the best
+
+
+def test_warm_start_maps_rows_by_label() -> None:
+    old = Vocabulary(("a", "b", "c"), ("r", "s"))
+    new = Vocabulary(("c", "x", "a"), ("s", "t"))
+    oe, orel = torch.arange(6.0).reshape(3, 2), torch.arange(8.0).reshape(4, 2)  # reciprocal
+    ne, nrel = torch.full((3, 2), -1.0), torch.full((4, 2), -1.0)
+    ws = warm_start_tables(old, oe, orel, new, ne, nrel)
+    assert ws.entity.tolist() == [[4, 5], [-1, -1], [0, 1]]
+    # relation s: row 1 -> row 0, and its inverse row 3 -> row 2
+    assert ws.relation.tolist() == [[2, 3], [-1, -1], [6, 7], [-1, -1]]
+    assert (ws.kept_entities, ws.new_entities, ws.dropped_entities) == (2, 1, 1)
+    assert (ws.kept_relations, ws.new_relations, ws.dropped_relations) == (1, 1, 1)
