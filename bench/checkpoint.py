@@ -1,7 +1,10 @@
 """Checkpoint cost: commit throughput to a real S3 server and the per-epoch overhead.
 
     .venv/bin/python bench/checkpoint.py store --json bench/results/checkpoint_store.json
-    .venv/bin/python bench/checkpoint.py overhead --json bench/results/checkpoint_overhead.json
+    .venv/bin/python bench/checkpoint.py overhead --rounds 5 --epochs 5 \
+        --json bench/results/checkpoint_overhead_fb15k237_5ep.json
+    .venv/bin/python bench/checkpoint.py overhead --rounds 4 --epochs 10 --where s3 \
+        --variants every_epoch_background --json bench/results/checkpoint_overhead_fb15k237_s3_10ep.json
 
 ``store``: a FB15k-237-sized state (TransE d=200 with Adam: entity, relation and two moments,
 ~35 MB) committed with :meth:`CheckpointStore.save` (serialise, SHA-256, PUT, manifest PUT)
@@ -10,7 +13,8 @@ interleaved rounds, medians.
 
 ``overhead``: FB15k-237 TransE epochs (``configs/fb15k237-transe.yaml``) with a checkpoint
 every epoch (background upload, and foreground) against one checkpoint at the end only, to a
-local folder and to SeaweedFS; training wall time from the first epoch to the last commit.
+local folder and to SeaweedFS; training wall time from the first epoch to the last commit, and
+the seconds the training thread is blocked in commits (precise where wall time is noisy).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from safetensors.torch import save as st_save  # noqa: E402
 
 from kgpipe.checkpoint import CheckpointStore, TrainState  # noqa: E402
 from kgpipe.config import load_config  # noqa: E402
-from kgpipe.run import train  # noqa: E402
+from kgpipe.run import prepare_run, train  # noqa: E402
 from kgpipe.storage import Store  # noqa: E402
 from kgpipe.training import Callback  # noqa: E402
 
@@ -45,6 +49,7 @@ DATASETS = REPO.parent / "shared" / "datasets"
 def _weed(tmp: Path) -> Any:
     from conftest import WeedProcess
 
+    tmp.mkdir(parents=True, exist_ok=True)
     weed = WeedProcess(tmp)
     weed.start()
     return weed
@@ -104,12 +109,50 @@ class _Clock(Callback):
         self.seconds = time.perf_counter() - self.t0
 
 
-def bench_overhead(rounds: int, epochs: int) -> dict[str, Any]:
+class _Blocked:
+    """Seconds the training thread spends inside checkpoint commits (snapshot, waiting for the
+    previous upload, or the whole commit in the foreground), measured around
+    :meth:`CheckpointWriter.submit` and :meth:`CheckpointWriter.wait`."""
+
+    def __init__(self) -> None:
+        from kgpipe.checkpoint import CheckpointWriter
+
+        self.seconds = 0.0
+        self.cls = CheckpointWriter
+        self.orig = (CheckpointWriter.submit, CheckpointWriter.wait)
+        outer = self
+
+        def timed(fn: Any) -> Any:
+            def wrapper(self: Any, *a: Any, **k: Any) -> Any:
+                if getattr(self, "_in_timed", False):
+                    return fn(self, *a, **k)
+                self._in_timed = True
+                t0 = time.perf_counter()
+                try:
+                    return fn(self, *a, **k)
+                finally:
+                    outer.seconds += time.perf_counter() - t0
+                    self._in_timed = False
+
+            return wrapper
+
+        CheckpointWriter.submit = timed(CheckpointWriter.submit)  # type: ignore[method-assign]
+        CheckpointWriter.wait = timed(CheckpointWriter.wait)  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.cls.submit, self.cls.wait = self.orig  # type: ignore[method-assign]
+
+
+def bench_overhead(
+    rounds: int, epochs: int, only: list[str] | None = None, where_only: list[str] | None = None
+) -> dict[str, Any]:
     variants = {
         "end_only": ["checkpoint.every=1000"],
         "every_epoch_background": ["checkpoint.every=1", "checkpoint.background=true"],
         "every_epoch_foreground": ["checkpoint.every=1", "checkpoint.background=false"],
     }
+    if only:
+        variants = {k: v for k, v in variants.items() if k in only or k == "end_only"}
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         weed = _weed(Path(tmp) / "weed")
@@ -120,26 +163,51 @@ def bench_overhead(rounds: int, epochs: int) -> dict[str, Any]:
                        f"run.storage_options={json.dumps(weed.server.storage_options())}"],
             }  # fmt: skip
             for where, root in roots.items():
+                if where_only and where not in where_only:
+                    continue
                 times: dict[str, list[float]] = {k: [] for k in variants}
+                blocked: dict[str, list[float]] = {k: [] for k in variants}
+                epoch_s: dict[str, list[float]] = {k: [] for k in variants}
                 for r in range(rounds):
                     for name, extra in variants.items():
                         cfg = load_config(
                             str(REPO / "configs" / "fb15k237-transe.yaml"),
-                            [*root, f"run.name={where}-{name}-{r}", f"data.root={DATASETS}",
+                            [*root, f"run.name={where}-bench", f"data.root={DATASETS}",
                              f"training.epochs={epochs}", "evaluation.every=0",
                              "evaluation.test=false", *extra],
                         )  # fmt: skip
+                        # the data is staged once; each variant starts without checkpoints
+                        prepare_run(cfg, resume=True).store.remove("checkpoints")
                         clock = _Clock()
-                        train(cfg, callbacks=[clock])
+                        probe = _Blocked()
+                        try:
+                            result = train(cfg, callbacks=[clock], resume=True)
+                        finally:
+                            probe.close()
                         times[name].append(clock.seconds)
-                        print(where, name, r, f"{clock.seconds:.2f} s", flush=True)
+                        blocked[name].append(probe.seconds)
+                        epoch_s[name].append(sum(h.seconds for h in result.history))
+                        print(where, name, r, f"{clock.seconds:.2f} s, blocked "
+                              f"{probe.seconds:.2f} s", flush=True)  # fmt: skip
                 med = {k: statistics.median(v) for k, v in times.items()}
                 base = med["end_only"]
+
+                def overhead(k: str, med: dict[str, float] = med, base: float = base) -> Any:
+                    return med[k] / base - 1 if k in med else None
+
                 out[where] = {
                     "seconds": times,
+                    "blocked_seconds": blocked,
+                    "epoch_seconds": epoch_s,
+                    "blocked_share_of_epochs": {
+                        k: statistics.median(
+                            b / e for b, e in zip(blocked[k], epoch_s[k], strict=True)
+                        )
+                        for k in variants
+                    },
                     "median_seconds": med,
-                    "overhead_background": med["every_epoch_background"] / base - 1,
-                    "overhead_foreground": med["every_epoch_foreground"] / base - 1,
+                    "overhead_background": overhead("every_epoch_background"),
+                    "overhead_foreground": overhead("every_epoch_foreground"),
                 }
         finally:
             weed.stop()
@@ -151,10 +219,17 @@ def main() -> None:
     p.add_argument("what", choices=["store", "overhead"])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--variants", help="comma-separated (end_only is always run)")
+    p.add_argument("--where", help="comma-separated: local,s3")
     p.add_argument("--json")
     a = p.parse_args()
     t0 = time.perf_counter()
-    res = bench_store(a.rounds) if a.what == "store" else bench_overhead(a.rounds, a.epochs)
+    split = lambda x: x.split(",") if x else None  # noqa: E731
+    res = (
+        bench_store(a.rounds)
+        if a.what == "store"
+        else bench_overhead(a.rounds, a.epochs, split(a.variants), split(a.where))
+    )
     res = {"benchmark": f"checkpoint-{a.what}", "hardware": hardware(), "commit": commit(),
            "command": " ".join(sys.argv), "wall_seconds": time.perf_counter() - t0, **res}  # fmt: skip
     text = json.dumps(res, indent=2)

@@ -12,7 +12,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from kgpipe.errors import ConfigError
 
@@ -52,6 +60,16 @@ class RunSection(_Frozen):
         default_factory=dict,
         description="fsspec storage options for `root` (e.g. `client_kwargs.endpoint_url` for S3).",
     )
+
+    @field_serializer("storage_options", when_used="json")
+    def _hide_secrets(self, value: dict[str, Any]) -> Any:
+        return _redact(value)  # JSON (Prefect parameters, logs, dumps) never carries credentials
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _drop_redacted(cls, value: Any) -> Any:
+        # a config read back from its JSON form gets its credentials from the environment
+        return clean_storage_options(value) if isinstance(value, Mapping) else value
 
 
 class DataConfig(_Frozen):
@@ -97,6 +115,16 @@ class DataConfig(_Frozen):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec storage options for the data URLs."
     )
+
+    @field_serializer("storage_options", when_used="json")
+    def _hide_secrets(self, value: dict[str, Any]) -> Any:
+        return _redact(value)
+
+    @field_validator("storage_options", mode="before")
+    @classmethod
+    def _drop_redacted(cls, value: Any) -> Any:
+        # a config read back from its JSON form gets its credentials from the environment
+        return clean_storage_options(value) if isinstance(value, Mapping) else value
 
     @model_validator(mode="after")
     def _sources(self) -> DataConfig:

@@ -694,11 +694,8 @@ def evaluate_run(
         raise RunError(f"{url}: the run has no {split} split")
     cfg = run.config
     if batch_size is not None:
-        cfg = parse_config(
-            {
-                **cfg.model_dump(mode="json"),
-                "evaluation": {**cfg.evaluation.model_dump(), "batch_size": batch_size},
-            }
+        cfg = cfg.model_copy(
+            update={"evaluation": cfg.evaluation.model_copy(update={"batch_size": batch_size})}
         )
     return _results(cfg, run.model, triples, _filter_index(dataset), split, progress)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -70,6 +71,8 @@ def test_flow_artifacts_reach_server_and_ui(
     assert "smoke markdown body" in str(by_key["smoke-markdown"].data)
 
     if find_chromium() is None:
+        if os.environ.get("KGPIPE_REQUIRE_CHROMIUM"):
+            pytest.fail("chromium is required (KGPIPE_REQUIRE_CHROMIUM) but not installed")
         pytest.skip("chromium is not installed (apt-get install chromium)")
     ui = prefect_env.ui_url
     out = tmp_path / "ui"
