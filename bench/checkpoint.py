@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import torch  # noqa: E402
-from common import commit, hardware  # noqa: E402
+from common import commit, hardware, report  # noqa: E402
 from safetensors.torch import save as st_save  # noqa: E402
 
 from kgpipe.checkpoint import CheckpointStore, TrainState  # noqa: E402
@@ -232,10 +232,7 @@ def main() -> None:
     )
     res = {"benchmark": f"checkpoint-{a.what}", "hardware": hardware(), "commit": commit(),
            "command": " ".join(sys.argv), "wall_seconds": time.perf_counter() - t0, **res}  # fmt: skip
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.json:
-        Path(a.json).write_text(text + "\n")
+    report(res, a.json)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "tests"))
 
-from common import commit, hardware  # noqa: E402
+from common import commit, hardware, report  # noqa: E402
 
 VARIANTS = {
     "plain": ["--no-prefect"],
@@ -93,10 +93,7 @@ def main() -> None:
         "median_wall_seconds": med,
         "ratio_vs_plain": {k: v / med["plain"] for k, v in med.items()},
     }
-    text = json.dumps(res, indent=2)
-    print(text)
-    if a.json:
-        Path(a.json).write_text(text + "\n")
+    report(res, a.json)
 
 
 if __name__ == "__main__":

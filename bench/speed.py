@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from common import hardware  # bench/common.py (this script's folder is on sys.path)
 
 from kgpipe.config import DataConfig, ModelConfig, RegularizerConfig, TrainingConfig
 from kgpipe.data import load_dataset
@@ -37,24 +37,6 @@ from kgpipe.models import KGEModel
 from kgpipe.training import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def hardware() -> dict[str, Any]:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-    }
 
 
 def matmul_peak(seconds: float = 3.0, n: int = 2048) -> float:

@@ -6,36 +6,12 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from prefect import flow, get_run_logger, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
 from flows.train import train_kge
 from kgpipe.config import RunConfig
-from kgpipe.run import latest_of_series, record_latest_of_series, source_fingerprint
-from tasks.kge import transient
-
-
-@task(
-    cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=transient
-)
-def fingerprint_source(config: RunConfig) -> str:
-    """Read and validate the source graph; its content fingerprint."""
-    return source_fingerprint(config)
-
-
-@task(
-    cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=transient
-)
-def find_previous(config: RunConfig, series: str) -> dict[str, Any] | None:
-    return latest_of_series(config, series)
-
-
-@task(
-    cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[2, 10, 30], retry_condition_fn=transient
-)
-def record_latest(config: RunConfig, series: str, record: dict[str, Any]) -> None:
-    record_latest_of_series(config, series, record)
+from tasks.retrain import find_previous, fingerprint_source, record_latest
 
 
 @flow(name="retrain-kge", log_prints=True, validate_parameters=True)

@@ -51,13 +51,16 @@ def transient(_task: Any, _run: Any, state: Any) -> bool:
     return False
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=3,
-    retry_delay_seconds=[2, 10, 30],
-    retry_condition_fn=transient,
-    timeout_seconds=3600,
-)
+# Tasks that read or write storage: retried on transient faults only, with backoff.
+STORAGE_RETRY: dict[str, Any] = {
+    "cache_policy": NO_CACHE,
+    "retries": 3,
+    "retry_delay_seconds": [2, 10, 30],
+    "retry_condition_fn": transient,
+}
+
+
+@task(timeout_seconds=3600, **STORAGE_RETRY)
 def stage_data(config: RunConfig, resume: bool = True, warm_start: str | None = None) -> StagedRun:
     """Validate the input, write vocabulary and shards; or reuse a run folder's staged data."""
     logger = get_run_logger()
@@ -169,13 +172,7 @@ def train_segment(
     return result
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=3,
-    retry_delay_seconds=[2, 10, 30],
-    retry_condition_fn=transient,
-    timeout_seconds=6 * 3600,
-)
+@task(timeout_seconds=6 * 3600, **STORAGE_RETRY)
 def evaluate_and_export(
     run: StagedRun, history: list[dict[str, Any]], restarts: int, seconds: float
 ) -> dict[str, Any] | None:
@@ -184,7 +181,7 @@ def evaluate_and_export(
     return finish_run(run, history=history, restarts=restarts, seconds=seconds, log=logger.info)
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5, retry_condition_fn=transient)
+@task(timeout_seconds=600, **STORAGE_RETRY)
 def publish_report(
     run: StagedRun,
     results: dict[str, Any] | None,
