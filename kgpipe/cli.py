@@ -148,7 +148,11 @@ def _train_flow(config: Any, args: argparse.Namespace, callbacks: list[Any]) -> 
     """Run the Prefect flow ``train-kge`` in this process (ephemeral Prefect API unless
     ``PREFECT_API_URL`` is set)."""
     import json as _json
+    import os
 
+    # the temporary local API server would otherwise try to send telemetry (and log an error
+    # offline); must be set before prefect is imported
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     try:
         from flows.train import train_kge
         from tasks import kge
