@@ -46,5 +46,9 @@ class StorageError(KgpipeError):
     """An object store refused an operation (credentials) or stayed unreachable after retries."""
 
 
+class StorageAccessDenied(StorageError):
+    """The object store refused the credentials or the permission (no retry can help)."""
+
+
 class CheckpointError(KgpipeError):
     """No usable checkpoint, or a checkpoint that does not belong to this run."""

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 
-from kgpipe.errors import StorageError
+from kgpipe.errors import StorageAccessDenied, StorageError
 
 __all__ = ["RetryPolicy", "Store", "is_transient", "join_url", "retrying"]
 
@@ -72,7 +72,7 @@ def retrying(fn: Callable[[], T], *, what: str, policy: RetryPolicy) -> T:
         except Exception as err:
             if not is_transient(err):
                 if isinstance(err, PermissionError):
-                    raise StorageError(f"{what}: access denied ({_brief(err)})") from None
+                    raise StorageAccessDenied(f"{what}: access denied ({_brief(err)})") from None
                 raise
             if attempt == len(delays):
                 raise StorageError(

@@ -22,7 +22,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 
 from kgpipe.config import RunConfig
-from kgpipe.errors import StorageError
+from kgpipe.errors import StorageAccessDenied, StorageError
 from kgpipe.run import (
     SegmentResult,
     Session,
@@ -44,7 +44,9 @@ def transient(_task: Any, _run: Any, state: Any) -> bool:
     """Retry condition: only object-store and network faults are worth another attempt."""
     try:
         state.result()
-    except StorageError:
+    except StorageAccessDenied:
+        return False
+    except StorageError:  # still unreachable after the storage layer's own retries
         return True
     except Exception as err:
         return is_transient(err)

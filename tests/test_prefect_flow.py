@@ -210,3 +210,21 @@ def test_flow_parameters_never_hold_credentials(prefect_env: PrefectServer, tmp_
     recorded = json.dumps(flow_run.parameters)
     assert secret not in recorded and "***redacted***" in recorded
     assert secret not in (tmp_path / "creds" / "config.yaml").read_text()
+
+
+def test_task_retry_condition_retries_transient_faults_only() -> None:
+    from kgpipe.errors import ConfigError, StorageAccessDenied, StorageError
+    from tasks.kge import transient
+
+    class Failed:
+        def __init__(self, err: Exception) -> None:
+            self.err = err
+
+        def result(self) -> None:
+            raise self.err
+
+    assert transient(None, None, Failed(StorageError("s3://b/x: failed after 7 attempts")))
+    assert transient(None, None, Failed(ConnectionError("reset")))
+    assert not transient(None, None, Failed(StorageAccessDenied("s3://b/x: access denied")))
+    assert not transient(None, None, Failed(ConfigError("bad key")))
+    assert not transient(None, None, Failed(ValueError("bug")))
