@@ -21,10 +21,8 @@ import hashlib
 import json
 import logging
 import re
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -251,9 +249,9 @@ class CheckpointStore:
         validation MRR), and uncommitted leftovers older than the newest commit."""
         committed = self.committed()
         keep = {c.epoch for c in committed[-self.keep_last :]}
-        scored = [c for c in committed if c.valid_mrr is not None]
-        if self.keep_best and scored:
-            keep.add(max(scored, key=lambda c: (c.valid_mrr, c.epoch)).epoch)
+        best = _best(committed)
+        if self.keep_best and best is not None:
+            keep.add(best.epoch)
         newest = committed[-1].epoch if committed else 0
         done = {c.epoch for c in committed}
         removed = []
@@ -267,8 +265,13 @@ class CheckpointStore:
         return removed
 
     def best(self) -> Checkpoint | None:
-        scored = [c for c in self.committed() if c.valid_mrr is not None]
-        return max(scored, key=lambda c: (c.valid_mrr, -c.epoch)) if scored else None
+        """The committed checkpoint with the best validation MRR (the earliest on ties)."""
+        return _best(self.committed())
+
+
+def _best(committed: list[Checkpoint]) -> Checkpoint | None:
+    scored = [c for c in committed if c.valid_mrr is not None]
+    return max(scored, key=lambda c: (c.valid_mrr, -c.epoch)) if scored else None
 
 
 class CheckpointWriter:
@@ -279,43 +282,25 @@ class CheckpointWriter:
     background commit are raised by the next :meth:`submit` or by :meth:`wait`.
     """
 
-    def __init__(
-        self,
-        checkpoints: CheckpointStore,
-        *,
-        background: bool = True,
-        on_commit: Callable[[Checkpoint, float], None] | None = None,
-    ) -> None:
+    def __init__(self, checkpoints: CheckpointStore, *, background: bool = True) -> None:
         self.checkpoints = checkpoints
-        self.background = background
-        self.on_commit = on_commit
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="kgpipe-ckpt") if background else None
         self._pending: Future[Checkpoint] | None = None
-        self._lock = threading.Lock()
-        self.commits: list[Checkpoint] = []
-        self.seconds = 0.0  # spent in the training thread (snapshot + waiting)
 
     def _commit(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
-        t0 = time.perf_counter()
         ckpt = self.checkpoints.save(state, meta)
-        with self._lock:
-            self.commits.append(ckpt)
         try:
             self.checkpoints.prune()
         except KgpipeError as err:  # retention is housekeeping: never fail training for it
             log.warning("checkpoint retention: %s", err)
-        if self.on_commit is not None:
-            self.on_commit(ckpt, time.perf_counter() - t0)
         return ckpt
 
     def submit(self, state: TrainState, meta: dict[str, Any]) -> None:
-        t0 = time.perf_counter()
         self.wait()
         if self._pool is None:
             self._commit(state, meta)
         else:
             self._pending = self._pool.submit(self._commit, state.snapshot(), meta)
-        self.seconds += time.perf_counter() - t0
 
     def wait(self) -> None:
         """Block until the pending commit is done; re-raise its error."""

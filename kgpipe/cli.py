@@ -158,23 +158,21 @@ def _train_flow(config: Any, args: argparse.Namespace, callbacks: list[Any]) -> 
         from tasks import kge
     except ImportError as err:  # not run from a checkout / install with the flows
         raise KgpipeError(f"the Prefect flow is not importable ({err}); use --no-prefect") from None
-    from kgpipe.run import run_store
+    from kgpipe.run import run_exists_error, run_store
 
     config = config.with_run_name()
     store = run_store(config)
-    if store.exists("config.yaml"):
-        if args.overwrite:
-            store.remove()
-        elif not args.resume:
-            raise KgpipeError(
-                f"{store.url}: a run with this name exists; choose another run.name, pass "
-                "--resume to continue it or --overwrite to replace it"
-            )
-    if not store.exists("config.yaml"):
-        # bad input stops here with a plain message, before Prefect logs a task failure
+    exists = store.exists("config.yaml")
+    if exists and not (args.overwrite or args.resume):
+        raise run_exists_error(store.url)
+    if not exists or args.overwrite:
+        # bad input stops here with a plain message, before Prefect logs a task failure and
+        # before an existing run is replaced (the flow's staging reads the data again)
         from kgpipe.data import load_dataset
 
         load_dataset(config.data)
+        if exists:
+            store.remove()
     kge.EXTRA_CALLBACKS[:] = callbacks
     try:
         summary = train_kge(config, resume=True)

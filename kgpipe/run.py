@@ -244,10 +244,7 @@ def prepare_run(
             return run
         say(f"{store.url}: staging had not finished; staging again")
     elif exists and not overwrite:
-        raise RunError(
-            f"{store.url}: a run with this name exists; choose another run.name, pass --resume "
-            "to continue it or --overwrite to replace it"
-        )
+        raise run_exists_error(store.url)
     dataset = load_dataset(config.data)  # every input error surfaces here, before any write
     say(dataset.summary())
     if exists:
@@ -315,6 +312,13 @@ def _warm_start(run: StagedRun, vocab: Vocabulary, source: str) -> dict[str, int
     meta = {**run.manifest_meta(1), "warm_start": {"source": source, **ws.summary()}}
     run.checkpoints().save(state, meta)
     return ws.summary()
+
+
+def run_exists_error(url: str) -> RunError:
+    return RunError(
+        f"{url}: a run with this name exists; choose another run.name, pass --resume to "
+        "continue it or --overwrite to replace it"
+    )
 
 
 def _check_resumable(store: Store, config: RunConfig) -> None:
@@ -474,9 +478,10 @@ class Session:
 
 
 def committed_history(run: StagedRun) -> list[dict[str, Any]]:
-    """The epoch history of the run's latest committed checkpoint (empty when there is none)."""
-    found = run.checkpoints().latest()
-    return found[1].history if found else []
+    """The epoch history in the newest checkpoint manifest (empty when there is none); reads
+    manifests only -- training verifies the state it resumes from."""
+    committed = run.checkpoints().committed()
+    return list(committed[-1].manifest["history"]) if committed else []
 
 
 def should_stop(history: Sequence[dict[str, Any]], patience: int | None) -> bool:

@@ -7,8 +7,9 @@ timeouts, and no caching (every task here has side effects in the run folder).
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -104,15 +105,22 @@ def stop_cluster(address: str | None) -> None:
         entry[0].__exit__(None, None, None)
 
 
-def _client(address: str | None) -> Any:
+@contextlib.contextmanager
+def _client(address: str | None) -> Iterator[Any]:
+    """The client of the cluster at ``address``: the one :func:`start_cluster` keeps in this
+    process, or a new connection (closed afterwards) when the task runs elsewhere."""
     if address is None:
-        return None
+        yield None
+        return
     with _LOCK:
-        if address in _CLUSTERS:
-            return _CLUSTERS[address][1]
+        entry = _CLUSTERS.get(address)
+    if entry is not None:
+        yield entry[1]
+        return
     from distributed import Client
 
-    return Client(address, timeout=30)
+    with Client(address, timeout=30) as client:
+        yield client
 
 
 class _PrefectProgress(Callback):
@@ -145,18 +153,19 @@ def train_segment(
     relaunched from checkpoints after faults); the segment's last epoch is committed."""
     logger = get_run_logger()
     callbacks: list[Callback] = [_PrefectProgress(progress_id, run.config.training.epochs)]
-    session = Session(
-        run,
-        callbacks=[*callbacks, *EXTRA_CALLBACKS],
-        client=_client(address),
-        log=logger.info,
-        restarts=restarts,
-    )
     before = {c.epoch for c in run.checkpoints().committed()}
-    try:
-        result = session.train_until(until)
-    finally:
-        session.close()
+    with _client(address) as client:
+        session = Session(
+            run,
+            callbacks=[*callbacks, *EXTRA_CALLBACKS],
+            client=client,
+            log=logger.info,
+            restarts=restarts,
+        )
+        try:
+            result = session.train_until(until)
+        finally:
+            session.close()
     if result.restarts > restarts:
         logger.warning("%d gang restart(s) in this segment", result.restarts - restarts)
     for ckpt in run.checkpoints().committed():

@@ -231,15 +231,17 @@ def test_killed_training_process_resumes_from_the_last_commit(
 
 
 # -- a Dask worker killed with SIGKILL mid-epoch: the gang is relaunched from the last commit -----
-@pytest.mark.parametrize("rank", [0, 1])
-def test_killed_dask_worker_recovers_bit_identically(
-    tmp_path: Path, rank: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fault,rank", [("kill", 0), ("kill", 1), ("raise", 1)])
+def test_failed_rank_recovers_bit_identically(
+    tmp_path: Path, fault: str, rank: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A Dask worker killed with SIGKILL mid-epoch (rank 0's, then another's), or a rank that
+    raises: the gang is relaunched from the last commit and ends as an uninterrupted run."""
     over = {"distributed": {"workers": 2, "sync": "step", "timeout_s": 30},
             "fault_tolerance": {"restart_backoff_s": 0.1}}  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
     # the workers' environment is copied from this process when the cluster starts
-    monkeypatch.setenv("KGPIPE_FAULT", f"kill:{rank}:3:10")
+    monkeypatch.setenv("KGPIPE_FAULT", f"{fault}:{rank}:3:10")
     result = train(_config(str(tmp_path), "faulty", **over))
     assert (tmp_path / "faulty" / "fault-fired").exists()
     assert result.results is None  # evaluation.test is off in these runs

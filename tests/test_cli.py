@@ -248,3 +248,20 @@ def test_shipped_config_smoke(config: str, tmp_path: Path, datasets_root: Path) 
     metrics = json.loads((tmp_path / "smoke" / "metrics.jsonl").read_text())
     assert metrics["steps"] == 2 and metrics["loss"] > 0
     assert (tmp_path / "smoke" / "embeddings" / "entities.parquet").exists()
+
+
+def test_overwrite_with_bad_data_keeps_the_existing_run(tmp_path: Path) -> None:
+    """--overwrite replaces a run only once the new input is known to be good."""
+    root = tmp_path / "runs"
+    existing = root / "keep"
+    existing.mkdir(parents=True)
+    (existing / "config.yaml").write_text("run: {name: keep}\n")
+    (tmp_path / "train.tsv").write_bytes(b"a\tr\tb\nc\tr\n")
+    cfg = _config(tmp_path, {"data": {"train": str(tmp_path / "train.tsv")}})
+    proc = _run_cli("train", "-c", str(cfg), "--set", f"run.root={root}",
+                    "--set", "run.name=keep", "--overwrite", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 2 and "line 2" in proc.stderr
+    assert (existing / "config.yaml").read_text() == "run: {name: keep}\n"
+    proc = _run_cli("train", "-c", str(cfg), "--set", f"run.root={root}",
+                    "--set", "run.name=keep", cwd=tmp_path)  # fmt: skip
+    assert proc.returncode != 0 and "--resume" in proc.stderr and "Traceback" not in proc.stderr

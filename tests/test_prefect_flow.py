@@ -75,7 +75,6 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
         worker_log.close()
 
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
 
     run_dir = tmp_path / "runs" / "deployed"
     results = json.loads((run_dir / "results.json").read_text())
@@ -85,7 +84,6 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
         runs = c.read_flow_runs()
         flow_run = next(r for r in runs if r.deployment_id is not None)
         assert flow_run.state is not None and flow_run.state.is_completed()
-    del FlowRunFilter, FlowRunFilterName
     arts = _artifacts(str(flow_run.id))
     keys = {a.key for a in arts}
     assert {"kgpipe-deployed-progress", "kgpipe-deployed-metrics", "kgpipe-deployed-report"} <= keys

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from kgpipe.checkpoint import Checkpoint, CheckpointStore, CheckpointWriter
+from kgpipe.checkpoint import CheckpointStore, CheckpointWriter
 from kgpipe.training.trainer import Callback, EpochStats, Trainer
 
 __all__ = ["CheckpointCallback"]
@@ -26,12 +25,11 @@ class CheckpointCallback(Callback):
         until: int,
         meta: dict[str, Any],
         background: bool = True,
-        on_commit: Callable[[Checkpoint, float], None] | None = None,
     ) -> None:
         self.every = every
         self.until = until
         self.meta = meta
-        self.writer = CheckpointWriter(checkpoints, background=background, on_commit=on_commit)
+        self.writer = CheckpointWriter(checkpoints, background=background)
 
     def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None:
         if stats.epoch % self.every and stats.epoch != self.until:
