@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,6 +38,8 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "quality.jsonl"))
     a = p.parse_args()
+    # as the CLI does: the temporary Prefect server must not try to send telemetry (offline)
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     from flows.train import train_kge
 
     cfg = load_config(a.config, a.set).with_run_name()

@@ -64,8 +64,9 @@ class TrainState:
         return TrainState(
             self.epoch,
             self.global_step,
-            {k: v.detach().clone() for k, v in self.tables.items()},
-            {k: v.detach().clone() for k, v in self.optimizer.items()},
+            # copied to host memory (from a GPU too): the upload needs CPU tensors anyway
+            {k: v.detach().to("cpu", copy=True) for k, v in self.tables.items()},
+            {k: v.detach().to("cpu", copy=True) for k, v in self.optimizer.items()},
             [dict(h) for h in self.history],
             self.rng.clone() if self.rng is not None else None,
         )
@@ -116,8 +117,10 @@ class CheckpointStore:
                 f"{self.store.url_of(manifest_rel)}: epoch {state.epoch} is already committed; "
                 "committed checkpoints are never overwritten"
             )
-        tensors = {f"table.{k}": v.contiguous() for k, v in state.tables.items()}
-        tensors.update({f"optim.{k}": v.contiguous() for k, v in state.optimizer.items()})
+        tensors = {f"table.{k}": v.detach().cpu().contiguous() for k, v in state.tables.items()}
+        tensors.update(
+            {f"optim.{k}": v.detach().cpu().contiguous() for k, v in state.optimizer.items()}
+        )
         if state.rng is not None:
             tensors["rng.torch"] = state.rng
         blob = st_save(tensors, metadata={"format": FORMAT, "epoch": str(state.epoch)})

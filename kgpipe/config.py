@@ -245,6 +245,22 @@ class TrainingConfig(_Frozen):
             "run to run; needed for bit-identical resume (no measurable cost on CPU here)."
         ),
     )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto",
+        description=(
+            "Where tables, optimiser state and training steps live: auto uses a CUDA GPU when "
+            "torch sees one (one per rank on a `cuda` cluster or a scheduler address; ranks of "
+            "a plain `local` LocalCluster stay on the CPU), cpu, or cuda (an error without one)."
+        ),
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description=(
+            "Arithmetic of the training score products: bf16 runs the (query x entity) matrix "
+            "products in bfloat16 with float32 accumulation, weights, loss and optimiser state "
+            "(mixed precision; DistMult and ComplEx only). Evaluation always ranks in float32."
+        ),
+    )
 
     @model_validator(mode="after")
     def _mode_loss(self) -> TrainingConfig:
@@ -322,7 +338,7 @@ class DistributedConfig(_Frozen):
     )
     backend: Literal["auto", "gloo", "nccl"] = Field(
         default="auto",
-        description="torch.distributed backend (auto: gloo; nccl once GPU placement exists).",
+        description="torch.distributed backend (auto: nccl for ranks on a GPU, else gloo).",
     )
     shards: int = Field(
         default=16, ge=1, description="Training shards written to the run folder (any world size)."
@@ -353,11 +369,6 @@ class DistributedConfig(_Frozen):
     def _launch(self) -> DistributedConfig:
         if self.launch == "in_process" and (self.workers > 1 or self.cluster != "local"):
             raise ValueError("distributed.launch=in_process needs workers: 1 and cluster: local")
-        if self.backend == "nccl":
-            raise ValueError(
-                "distributed.backend=nccl needs GPU tensors, and this version of kgpipe trains "
-                "on the CPU (GPU device placement is not implemented yet); use auto or gloo"
-            )
         if self.compression == "topk" and self.sync == "epoch":
             # rows left out would keep rank-local values and the ranks would drift apart
             raise ValueError("distributed.compression=topk works with sync=step only")
@@ -425,6 +436,16 @@ class RunConfig(_Frozen):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
 
+    @model_validator(mode="after")
+    def _precision(self) -> RunConfig:
+        if self.training.precision == "bf16" and self.model.name not in ("distmult", "complex"):
+            raise ValueError(
+                f"training.precision=bf16 works with the bilinear models distmult and complex, "
+                f"not {self.model.name}: {self.model.name} scores are distances, which lose too "
+                "much in bfloat16 (and rotate has no matrix product to speed up)"
+            )
+        return self
+
     def with_run_name(self) -> RunConfig:
         """Return a copy whose ``run.name`` is set (a timestamped default if it was not)."""
         if self.run.name is not None:
@@ -450,6 +471,9 @@ def config_hash(config: RunConfig) -> str:
         data.pop(section, None)
     data["run"] = {"seed": config.run.seed}
     data["data"].pop("storage_options", None)
+    if data["training"].get("precision") == "fp32":  # added later: keeps older runs resumable
+        del data["training"]["precision"]
+    data["training"].pop("device", None)  # where it runs; a run may resume on another device
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 

@@ -71,9 +71,12 @@ def realistic_ranks(
     """Filtered realistic ranks ``(b,)`` of ``targets`` in ``scores`` ``(b, n)``.
 
     ``(filter_rows, filter_cols)`` are positions of known true answers; they (and the target
-    itself) are excluded from the comparison. ``scores`` is modified in place.
+    itself) are excluded from the comparison. ``scores`` is modified in place; the index
+    tensors may live on another device than the scores (they are moved).
     """
-    rows = torch.arange(scores.shape[0])
+    dev = scores.device
+    targets, filter_rows, filter_cols = targets.to(dev), filter_rows.to(dev), filter_cols.to(dev)
+    rows = torch.arange(scores.shape[0], device=dev)
     true = scores[rows, targets].clone()
     scores[filter_rows, filter_cols] = float("-inf")
     scores[rows, targets] = float("-inf")
@@ -119,6 +122,7 @@ def evaluate(
     """
     triples = triples.long()
     n = int(triples.shape[0])
+    device = model.entity.device  # scores and ranks are computed where the model is
     num_entities = model.spec.num_entities
     sample: Tensor | None = None
     if sampled is not None:
@@ -133,14 +137,16 @@ def evaluate(
             h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
             if side == "tail":
                 anchors, targets = h, t
-                scores = model.score_all_tails(h, r)
+                scores = model.score_all_tails(h.to(device), r.to(device))
             else:
                 anchors, targets = t, h
-                scores = model.score_all_heads(r, t)
+                scores = model.score_all_heads(r.to(device), t.to(device))
             f_rows, f_cols = filter_index.answers(side, anchors, r)
             if sample is not None:
-                scores, targets, f_rows, f_cols = _restrict(scores, targets, f_rows, f_cols, sample)
-            ranks[side].append(realistic_ranks(scores, targets, f_rows, f_cols))
+                scores, targets, f_rows, f_cols = _restrict(
+                    scores, targets.to(device), f_rows.to(device), f_cols.to(device), sample
+                )
+            ranks[side].append(realistic_ranks(scores, targets, f_rows, f_cols).cpu())
             done += int(chunk.shape[0])
             if progress is not None:
                 progress(done, total)
@@ -159,11 +165,13 @@ def _restrict(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Keep the target plus the sampled candidates (columns: target first, then the sample)."""
     b = scores.shape[0]
-    rows = torch.arange(b)
+    dev = scores.device
+    sample = sample.to(dev)
+    rows = torch.arange(b, device=dev)
     sub = torch.cat((scores[rows, targets].unsqueeze(1), scores[:, sample]), dim=1)
     # map filtered entity ids onto sample columns (1 + position); drop those not sampled
-    pos = torch.full((scores.shape[1],), -1, dtype=torch.long)
-    pos[sample] = torch.arange(sample.numel()) + 1
+    pos = torch.full((scores.shape[1],), -1, dtype=torch.long, device=dev)
+    pos[sample] = torch.arange(sample.numel(), device=dev) + 1
     cols = pos[f_cols]
     keep = cols >= 0
     f_rows, cols = f_rows[keep], cols[keep]
@@ -172,4 +180,4 @@ def _restrict(
     in_sample = tcols >= 0
     f_rows = torch.cat((f_rows, rows[in_sample]))
     cols = torch.cat((cols, tcols[in_sample]))
-    return sub, torch.zeros(b, dtype=torch.long), f_rows, cols
+    return sub, torch.zeros(b, dtype=torch.long, device=dev), f_rows, cols

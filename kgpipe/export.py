@@ -47,8 +47,8 @@ SCORING = {
 def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
     """Write the tables and spec as safetensors (no pickle)."""
     tensors = {
-        "entity": model.entity.data.contiguous(),
-        "relation": model.relation.data.contiguous(),
+        "entity": model.entity.data.cpu().contiguous(),
+        "relation": model.relation.data.cpu().contiguous(),
     }
     store.write_bytes(rel, st_save(tensors, metadata={"kgpipe_model": model.spec.to_json()}))
 
@@ -120,8 +120,8 @@ def export_embeddings(
         "relation_rows": "rows num_relations.. are inverse relations" if spec.reciprocal else "",
     }
     meta = {"kgpipe": json.dumps(info)}
-    ent = model.entity.data.numpy()
-    rel = model.relation.data.numpy()
+    ent = model.entity.data.cpu().numpy()
+    rel = model.relation.data.cpu().numpy()
     rel_labels = relation_labels(vocab, spec)
     written = []
     if fmt == "parquet":

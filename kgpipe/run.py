@@ -37,6 +37,7 @@ from kgpipe.config import (
     parse_config,
 )
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
+from kgpipe.devices import resolve_device
 from kgpipe.distributed.sharding import read_manifest, read_shards, stage_shards
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
@@ -441,7 +442,7 @@ class Session:
             num_entities=run.num_entities,
             num_relations=run.num_relations,
             seed=config.run.seed,
-        )
+        ).to(resolve_device(config.training.device))
         index = FilterIndex.from_triples([train_all, valid, test], run.num_relations)
         self._ckpt_cb = CheckpointCallback(
             self.checkpoints,
@@ -545,7 +546,9 @@ def finish_run(
     if config.evaluation.test and test.numel():
         say(f"evaluating on test ({test.shape[0]} triples, both sides)")
         index = FilterIndex.from_triples([train_all, valid, test], run.num_relations)
+        model.to(resolve_device(config.training.device))  # rank on the GPU if there is one
         results = _results(config, model, test, index, "test", eval_progress)
+        model.cpu()
         results["training"] = {
             "epochs": len(history),
             "model_epoch": chosen.epoch if chosen else 0,

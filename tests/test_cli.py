@@ -190,6 +190,7 @@ def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str)
         ("training.mode=kvsall", "kvsall needs training.loss=bce"),
         ("distributed.workers=0", "distributed.workers"),
         ("distributed.sync=async", "distributed.sync"),
+        ("training.precision=fp16", "training.precision"),
     ],
 )
 def test_bad_config_names_the_path(tmp_path: Path, override: str, message: str) -> None:

@@ -37,6 +37,8 @@ class Comm:
     world_size: int
     compression: str = "none"
     topk_ratio: float = 0.1
+    #: where exchanged tensors live: the training device (CUDA for NCCL, CPU for gloo)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     seconds: float = 0.0
     bytes_sent: int = 0
     calls: int = 0
@@ -73,7 +75,7 @@ class Comm:
         return buffer
 
     def max_int(self, value: int) -> int:
-        t = torch.tensor([value], dtype=torch.int64)
+        t = torch.tensor([value], dtype=torch.int64, device=self.device)
         t0 = time.perf_counter()
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         self.seconds += time.perf_counter() - t0
@@ -89,7 +91,9 @@ class Comm:
         """
         if extra is None:  # compress only what has no uncompressed companion columns
             rows, values = self._feedback(key, rows, values)
-        counts = self._all_gather(torch.tensor([rows.numel()], dtype=torch.int64))
+        counts = self._all_gather(
+            torch.tensor([rows.numel()], dtype=torch.int64, device=self.device)
+        )
         width = max(int(c[0]) for c in counts)
         pad = width - rows.numel()
         d = values.shape[1]
@@ -149,7 +153,7 @@ class Comm:
         res = self.residual.get(key)
         need = int(rows.max()) + 1
         if res is None or res.shape[0] < need:  # grow lazily to the largest row seen
-            grown = torch.zeros(need, values.shape[1])
+            grown = torch.zeros(need, values.shape[1], device=values.device)
             if res is not None:
                 grown[: res.shape[0]] = res
             res = self.residual[key] = grown
@@ -200,7 +204,7 @@ class StepExchange(Exchange):
             parts = []
             for n in dense:
                 t = self._tables[n]
-                buf = torch.zeros(t.shape[0], t.shape[1] + 1)
+                buf = torch.zeros(t.shape[0], t.shape[1] + 1, device=t.device)
                 g = grads[n]
                 buf[g.rows, :-1] = g.values
                 buf[g.rows, -1] = 1.0
@@ -223,7 +227,9 @@ class StepExchange(Exchange):
         self, trainer: Trainer, loss_sum: float, queries: int, triples: int
     ) -> tuple[float, int, int]:
         # every rank saw the whole global batch: triples are already global
-        buf = self.comm.dense_sum(torch.tensor([loss_sum, float(queries)], dtype=torch.float64))
+        buf = self.comm.dense_sum(
+            torch.tensor([loss_sum, float(queries)], dtype=torch.float64, device=self.comm.device)
+        )
         return float(buf[0]), int(buf[1]), triples
 
     def pop_stats(self) -> dict[str, Any]:
@@ -250,11 +256,17 @@ class EpochExchange(Exchange):
 
     def _snapshot(self, trainer: Trainer) -> None:
         self._start = {k: t.clone() for k, t in trainer.tables.items()}
-        self._counts = {k: torch.zeros(t.shape[0]) for k, t in trainer.tables.items()}
+        self._counts = {
+            k: torch.zeros(t.shape[0], device=t.device) for k, t in trainer.tables.items()
+        }
 
     def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
         for name, g in grads.items():
-            c = g.counts.float() if g.counts is not None else torch.ones(g.rows.numel())
+            c = (
+                g.counts.float()
+                if g.counts is not None
+                else torch.ones(g.rows.numel(), device=g.rows.device)
+            )
             self._counts[name].index_add_(0, g.rows, c)
         return grads
 
@@ -279,7 +291,11 @@ class EpochExchange(Exchange):
                 state[k][out_rows] = ext[:, 1 + (i - 1) * w : 1 + i * w] / total
         opt.step_count = self.comm.max_int(opt.step_count)
         buf = self.comm.dense_sum(
-            torch.tensor([loss_sum, float(queries), float(triples)], dtype=torch.float64)
+            torch.tensor(
+                [loss_sum, float(queries), float(triples)],
+                dtype=torch.float64,
+                device=self.comm.device,
+            )
         )
         self._snapshot(trainer)
         return float(buf[0]), int(buf[1]), int(buf[2])

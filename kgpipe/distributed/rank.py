@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from kgpipe.checkpoint import CheckpointStore
-from kgpipe.config import RunConfig, parse_config
+from kgpipe.config import parse_config
+from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.distributed.sharding import read_manifest, read_shards
 from kgpipe.errors import CheckpointError
@@ -107,12 +108,6 @@ class _FaultInjection(Callback):
             raise RuntimeError(f"injected fault at epoch {epoch} step {step}")
 
 
-def _backend(config: RunConfig) -> str:
-    """The process-group backend. Training tensors live on the CPU in this version (no device
-    placement yet), so ``auto`` means gloo even on GPU workers."""
-    return "gloo" if config.distributed.backend == "auto" else config.distributed.backend
-
-
 def rank_main(spec: RankSpec) -> dict[str, Any]:
     """Train as rank ``spec.rank`` from checkpoint ``spec.start_epoch`` to ``spec.until``; rank 0
     validates and commits checkpoints. Returns where the rank stopped (no tensors: the state is
@@ -123,8 +118,11 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         # OpenMP's thread count is per calling thread: set it in the thread that runs the task
         torch.set_num_threads(spec.threads)
     store = Store(spec.run_url, spec.storage_options)
+    device = resolve_device(config.training.device, cluster=dcfg.cluster)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL uses the current device of each rank
     dist.init_process_group(
-        _backend(config),
+        process_group_backend(dcfg.backend, device),
         init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
         rank=spec.rank,
         world_size=spec.world_size,
@@ -144,8 +142,13 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             num_entities=spec.num_entities,
             num_relations=spec.num_relations,
             seed=config.run.seed,
+        ).to(device)
+        comm = Comm(
+            spec.world_size,
+            compression=dcfg.compression,
+            topk_ratio=dcfg.topk_ratio,
+            device=device,
         )
-        comm = Comm(spec.world_size, compression=dcfg.compression, topk_ratio=dcfg.topk_ratio)
         training = config.training
         exchange: Exchange
         if spec.world_size == 1:

@@ -38,6 +38,7 @@ from torch import Tensor
 
 __all__ = [
     "INTERACTIONS",
+    "BilinearInteraction",
     "ComplEx",
     "DistMult",
     "Interaction",
@@ -70,6 +71,19 @@ class Interaction(ABC):
     @abstractmethod
     def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
         """Scores ``(*g, b, n)`` of queries ``(?, r, t)`` against candidate heads."""
+
+
+class BilinearInteraction(Interaction):
+    """A model whose tail scores are a product ``tail_query(h, r) @ candidates.T``: training can
+    then fuse the product with the loss (:func:`~kgpipe.training.losses.linear_softmax_cross_entropy`).
+    """
+
+    @abstractmethod
+    def tail_query(self, h: Tensor, r: Tensor) -> Tensor:
+        """The vectors ``q`` with ``score_tails(h, r, c) == q @ c.T``."""
+
+    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+        return self.tail_query(h, r) @ candidates.transpose(-1, -2)
 
 
 def _split(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -121,7 +135,7 @@ class TransE(Interaction):
         return self.margin - self._dist(t - r, candidates)
 
 
-class DistMult(Interaction):
+class DistMult(BilinearInteraction):
     """Bilinear diagonal ``Σ h ⊙ r ⊙ t`` (Yang et al., 2015)."""
 
     name = "distmult"
@@ -129,14 +143,14 @@ class DistMult(Interaction):
     def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         return (h * r * t).sum(-1)
 
-    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
-        return (h * r) @ candidates.transpose(-1, -2)
+    def tail_query(self, h: Tensor, r: Tensor) -> Tensor:
+        return h * r
 
     def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
         return (r * t) @ candidates.transpose(-1, -2)
 
 
-class ComplEx(Interaction):
+class ComplEx(BilinearInteraction):
     """``Re(Σ h ⊙ r ⊙ conj(t))`` over ``dim/2`` complex components (Trouillon et al., 2016)."""
 
     name = "complex"
@@ -147,12 +161,11 @@ class ComplEx(Interaction):
         tr, ti = _split(t)
         return ((hr * rr - hi * ri) * tr + (hr * ri + hi * rr) * ti).sum(-1)
 
-    def score_tails(self, h: Tensor, r: Tensor, candidates: Tensor) -> Tensor:
+    def tail_query(self, h: Tensor, r: Tensor) -> Tensor:
         hr, hi = _split(h)
         rr, ri = _split(r)
         # Re(<q, conj t>) = q_re·t_re + q_im·t_im with q = h*r
-        q = torch.cat((hr * rr - hi * ri, hr * ri + hi * rr), dim=-1)
-        return q @ candidates.transpose(-1, -2)
+        return torch.cat((hr * rr - hi * ri, hr * ri + hi * rr), dim=-1)
 
     def score_heads(self, r: Tensor, t: Tensor, candidates: Tensor) -> Tensor:
         rr, ri = _split(r)

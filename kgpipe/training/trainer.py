@@ -22,6 +22,7 @@ bit-identical parameters on CPU, and a run resumed at an epoch boundary replays 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -34,9 +35,13 @@ from torch import Tensor
 
 from kgpipe.checkpoint import TrainState
 from kgpipe.config import RegularizerConfig, TrainingConfig
-from kgpipe.models.interactions import ComplEx, RotatE
+from kgpipe.models.interactions import BilinearInteraction, ComplEx, RotatE
 from kgpipe.models.model import KGEModel
-from kgpipe.training.losses import negative_sampling_loss, one_vs_all_loss
+from kgpipe.training.losses import (
+    linear_softmax_cross_entropy,
+    negative_sampling_loss,
+    one_vs_all_loss,
+)
 from kgpipe.training.optim import RowGrad, RowOptimizer, build_optimizer, lr_at
 
 __all__ = [
@@ -159,7 +164,7 @@ class _KvsAllIndex:
             anchors = torch.cat((h, t))
             rels = torch.cat((r, r + num_relations))
             answers = torch.cat((t, h))
-            sides = torch.zeros(anchors.shape[0], dtype=torch.long)
+            sides = torch.zeros(anchors.shape[0], dtype=torch.long, device=train.device)
             nrel = 2 * num_relations
         else:
             anchors = torch.cat((h, t))
@@ -176,7 +181,9 @@ class _KvsAllIndex:
         self.anchor = anchors[o]
         self.relation = rels[o]
         self.side = sides[o]
-        self.offsets = torch.cat((torch.zeros(1, dtype=torch.long), torch.cumsum(counts, 0)))
+        self.offsets = torch.cat(
+            (torch.zeros(1, dtype=torch.long, device=train.device), torch.cumsum(counts, 0))
+        )
         self.answers = answers
 
     def __len__(self) -> int:
@@ -185,10 +192,11 @@ class _KvsAllIndex:
     def labels(self, queries: Tensor, num_entities: int) -> Tensor:
         start, end = self.offsets[queries], self.offsets[queries + 1]
         counts = end - start
-        row = torch.repeat_interleave(torch.arange(queries.shape[0]), counts)
+        dev = queries.device
+        row = torch.repeat_interleave(torch.arange(queries.shape[0], device=dev), counts)
         pos = torch.repeat_interleave(start - torch.cumsum(counts, 0) + counts, counts)
-        pos = pos + torch.arange(row.shape[0])
-        out = torch.zeros(queries.shape[0], num_entities)
+        pos = pos + torch.arange(row.shape[0], device=dev)
+        out = torch.zeros(queries.shape[0], num_entities, device=dev)
         out[row, self.answers[pos]] = 1.0
         return out
 
@@ -213,7 +221,9 @@ class Trainer:
         if train.ndim != 2 or train.shape[1] != 3:
             raise ValueError("train must have shape (n, 3)")
         self.model = model
-        self.train_triples = train.long()
+        # training happens where the model's tables are (model.to(device) before this)
+        self.device = model.entity.device
+        self.train_triples = train.long().to(self.device)
         self.cfg = training
         self.reg = regularizer
         self.seed = seed
@@ -322,7 +332,7 @@ class Trainer:
         c = self.cfg.chunk_size
         n = batch.shape[0]
         pad = num_chunks * c - n
-        weights = torch.ones(num_chunks * c)
+        weights = torch.ones(num_chunks * c, device=self.device)
         if pad:
             batch = torch.cat((batch, batch[:1].expand(pad, 3)))
             weights[n:] = 0.0
@@ -362,7 +372,8 @@ class Trainer:
                 continue
             triples, weights = self._side_chunks(pos, n_chunks)
             # this part's chunks: global chunk ids congruent to the part index
-            mine = torch.arange(n_chunks)[(torch.arange(n_chunks) + chunk_off) % count == index]
+            ids = torch.arange(n_chunks, device=self.device)
+            mine = ids[(ids + chunk_off) % count == index]
             chunk_neg = negatives[chunk_off + mine]
             chunk_off += n_chunks
             nc = int(mine.numel())
@@ -378,15 +389,17 @@ class Trainer:
                 rel_ids = rel_ids + spec.num_relations  # head queries use the inverse relation
             r = gather("relation", rel_ids, (nc, c))
             cand = gather("entity", chunk_neg, (nc, n))
-            if side == "tail":
-                pos_score = inter.score(h, r, t)
-                neg_score = inter.score_tails(h, r, cand)
-            elif spec.reciprocal:
-                pos_score = inter.score(t, r, h)
-                neg_score = inter.score_tails(t, r, cand)
-            else:
-                pos_score = inter.score(h, r, t)
-                neg_score = inter.score_heads(r, t, cand)
+            with self._scoring():
+                if side == "tail":
+                    pos_score = inter.score(h, r, t)
+                    neg_score = inter.score_tails(h, r, cand)
+                elif spec.reciprocal:
+                    pos_score = inter.score(t, r, h)
+                    neg_score = inter.score_tails(t, r, cand)
+                else:
+                    pos_score = inter.score(h, r, t)
+                    neg_score = inter.score_heads(r, t, cand)
+            pos_score, neg_score = pos_score.float(), neg_score.float()
             per = negative_sampling_loss(
                 self.cfg.loss,
                 pos_score.reshape(-1),
@@ -413,7 +426,10 @@ class Trainer:
         """Sum the gradients of gathered rows per unique row id."""
         if not uses:  # this part had no work in this step
             width = self.tables[table].shape[1]
-            return RowGrad(torch.zeros(0, dtype=torch.long), torch.zeros(0, width))
+            return RowGrad(
+                torch.zeros(0, dtype=torch.long, device=self.device),
+                torch.zeros(0, width, device=self.device),
+            )
         ids = torch.cat([i for i, _ in uses])
         rows, inv, counts = torch.unique(ids, return_inverse=True, return_counts=True)
         values = torch.cat(
@@ -423,9 +439,20 @@ class Trainer:
         out.index_add_(0, inv, values)
         return RowGrad(rows, out, counts)
 
+    def _scoring(self) -> contextlib.AbstractContextManager[Any]:
+        """Where scores are computed: bf16 autocast of the matrix products in mixed precision.
+
+        Only the products run in bfloat16 (with float32 accumulation); the tables, the loss and
+        the gradients handed to the optimiser stay float32.
+        """
+        if self.cfg.precision == "bf16":
+            device = self.tables["entity"].device.type
+            return torch.autocast(device_type=device, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def _all_entities(self) -> tuple[Tensor, Tensor]:
         table = self.tables["entity"]
-        rows = torch.arange(table.shape[0])
+        rows = torch.arange(table.shape[0], device=table.device)
         return rows, table.detach().clone().requires_grad_(True)
 
     def _one_vs_all_gradients(
@@ -440,19 +467,56 @@ class Trainer:
         b = batch.shape[0]
         h, t = ent[h_id], ent[t_id]
         r = rel[rel_inv[:b]]
-        tail_scores = inter.score_tails(h, r, ent)
-        if spec.reciprocal:
-            head_scores = inter.score_tails(t, rel[rel_inv[b:]], ent)
-        else:
-            head_scores = inter.score_heads(r, t, ent)
-        ls = self.cfg.label_smoothing
-        per = torch.cat(
-            (
-                one_vs_all_loss(self.cfg.loss, tail_scores, t_id, label_smoothing=ls),
-                one_vs_all_loss(self.cfg.loss, head_scores, h_id, label_smoothing=ls),
+        targets = torch.cat((t_id, h_id))
+        if (
+            spec.reciprocal
+            and self.cfg.loss == "cross_entropy"
+            and isinstance(inter, BilinearInteraction)
+        ):
+            # scores and loss fused, block by block: no (2b, E) score matrix
+            queries = inter.tail_query(torch.cat((h, t)), torch.cat((r, rel[rel_inv[b:]])))
+            loss = linear_softmax_cross_entropy(
+                queries,
+                ent,
+                targets,
+                label_smoothing=self.cfg.label_smoothing,
+                dtype=torch.bfloat16 if self.cfg.precision == "bf16" else None,
+                block=max(64, min(1024, (1 << 23) // ent.shape[0])),
             )
+            return self._finish_one_vs_all(
+                loss, h, r, t, ent_rows, ent, rel_rows, rel, b, global_queries, global_batch
+            )
+        # Tail queries (h, r, ?) then head queries (?, r, t); the loss takes all 2b rows at once
+        # (slicing the score matrix would cost a zero-filled copy of it in the backward pass).
+        with self._scoring():
+            if spec.reciprocal:  # head queries as (t, r⁻¹, ?): one matrix product for both
+                scores = inter.score_tails(torch.cat((h, t)), torch.cat((r, rel[rel_inv[b:]])), ent)
+            else:
+                scores = torch.cat((inter.score_tails(h, r, ent), inter.score_heads(r, t, ent)))
+        per = one_vs_all_loss(
+            self.cfg.loss,
+            scores if self.cfg.loss == "cross_entropy" else scores.float(),
+            targets,
+            label_smoothing=self.cfg.label_smoothing,
         )
-        loss = per.sum()
+        return self._finish_one_vs_all(
+            per.sum(), h, r, t, ent_rows, ent, rel_rows, rel, b, global_queries, global_batch
+        )
+
+    def _finish_one_vs_all(
+        self,
+        loss: Tensor,
+        h: Tensor,
+        r: Tensor,
+        t: Tensor,
+        ent_rows: Tensor,
+        ent: Tensor,
+        rel_rows: Tensor,
+        rel: Tensor,
+        b: int,
+        global_queries: int,
+        global_batch: int,
+    ) -> StepResult:
         total = loss / global_queries
         if self.reg.type != "none" and self.reg.weight:
             total = total + self._regularization(h, r, t) / global_batch
@@ -475,9 +539,13 @@ class Trainer:
         head = (sides == 1).nonzero().squeeze(-1)
         order = torch.cat((tail, head))
         labels = idx.labels(queries[order], ent.shape[0])
-        scores = torch.cat(
-            (inter.score_tails(a[tail], r[tail], ent), inter.score_heads(r[head], a[head], ent))
-        )
+        with self._scoring():
+            scores = torch.cat(
+                (
+                    inter.score_tails(a[tail], r[tail], ent),
+                    inter.score_heads(r[head], a[head], ent),
+                )
+            ).float()
         loss = one_vs_all_loss(
             "bce", scores, labels, label_smoothing=self.cfg.label_smoothing
         ).sum()
@@ -510,9 +578,10 @@ class Trainer:
         c = self.cfg.chunk_size
         n_tail = (batch_size + 1) // 2
         n_chunks = math.ceil(n_tail / c) + math.ceil((batch_size - n_tail) / c)
+        # drawn with the CPU generator wherever training runs: the same draws on any device
         return torch.randint(
             0, self.model.spec.num_entities, (n_chunks, self.cfg.negatives), generator=gen
-        )
+        ).to(self.device)
 
     def train_epoch(self) -> EpochStats:
         """Run one epoch; returns its stats (also appended to :attr:`history`)."""
@@ -521,7 +590,7 @@ class Trainer:
             cb.on_epoch_start(self, epoch)
         gen = self.generator(epoch)
         n = self.examples_per_epoch
-        perm = torch.randperm(n, generator=gen)
+        perm = torch.randperm(n, generator=gen).to(self.device)
         steps = self.steps_per_epoch
         bs = self.cfg.batch_size
         loss_total, queries_total = 0.0, 0

@@ -1,0 +1,109 @@
+"""Device placement (``training.device``) and the process-group backend that goes with it.
+
+The CUDA tests run only where torch sees a GPU (and dask-cuda for the cluster one); on a CPU-only
+machine they are skipped and everything else here still checks the CPU side of the same code.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from kgpipe.config import RunConfig, config_hash
+from kgpipe.devices import process_group_backend, resolve_device
+from kgpipe.errors import ConfigError
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def test_cpu_is_always_the_cpu() -> None:
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("cpu", cluster="cuda") == torch.device("cpu")
+
+
+def test_auto_keeps_local_cluster_ranks_on_the_cpu() -> None:
+    # LocalCluster workers all see the same GPUs: they must not pile onto one of them
+    assert resolve_device("auto", cluster="local") == torch.device("cpu")
+
+
+def test_auto_uses_a_gpu_only_when_there_is_one() -> None:
+    assert resolve_device("auto").type == ("cuda" if HAS_CUDA else "cpu")
+    assert resolve_device("auto", cluster="tcp://10.0.0.1:8786").type == (
+        "cuda" if HAS_CUDA else "cpu"
+    )
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_cuda_without_a_gpu_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="training.device=cuda: torch sees no CUDA GPU"):
+        resolve_device("cuda")
+
+
+def test_backend_follows_the_device() -> None:
+    assert process_group_backend("auto", torch.device("cpu")) == "gloo"
+    assert process_group_backend("auto", torch.device("cuda", 0)) == "nccl"
+    assert process_group_backend("gloo", torch.device("cuda", 0)) == "gloo"
+    with pytest.raises(ConfigError, match="nccl needs CUDA tensors"):
+        process_group_backend("nccl", torch.device("cpu"))
+
+
+def test_device_does_not_change_the_config_hash() -> None:
+    base = {"data": {"dataset": "umls"}}
+    a = RunConfig.model_validate(base)
+    b = RunConfig.model_validate({**base, "training": {"device": "cpu"}})
+    assert config_hash(a) == config_hash(b)  # a run may resume on another device
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_cli_cuda_without_gpu_fails_cleanly(tmp_path: Path, datasets_root: Path) -> None:
+    cfg = {
+        "run": {"root": str(tmp_path / "runs"), "name": "gpu"},
+        "data": {"dataset": "umls", "root": str(datasets_root)},
+        "model": {"name": "distmult", "dim": 16},
+        "training": {"epochs": 1, "device": "cuda"},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kgpipe.cli", "train", "-c", str(path), "--no-prefect", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "torch sees no CUDA GPU" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_gpu_training_matches_cpu_training(precision: str) -> None:
+    from kgpipe.config import ModelConfig, RegularizerConfig, TrainingConfig
+    from kgpipe.models import KGEModel
+    from kgpipe.training import Trainer
+
+    gen = torch.Generator().manual_seed(0)
+    triples = torch.stack(
+        [torch.randint(0, 50, (400,), generator=gen), torch.randint(0, 5, (400,), generator=gen),
+         torch.randint(0, 50, (400,), generator=gen)], dim=1
+    )  # fmt: skip
+    cfg = TrainingConfig(
+        mode="1vsall", loss="cross_entropy", batch_size=64, epochs=2, optimizer="adagrad",
+        lr=0.1, precision=precision,
+    )  # fmt: skip
+    tables = []
+    for device in ("cpu", "cuda"):
+        model = KGEModel.build(
+            ModelConfig(name="complex", dim=16, reciprocal=True),
+            num_entities=50, num_relations=5, seed=0,
+        ).to(device)  # fmt: skip
+        Trainer(model, triples, training=cfg, regularizer=RegularizerConfig(), seed=0).fit()
+        tables.append(model.entity.detach().cpu())
+    tol = 1e-4 if precision == "fp32" else 2e-2
+    torch.testing.assert_close(tables[0], tables[1], rtol=tol, atol=tol)
