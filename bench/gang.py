@@ -4,6 +4,7 @@ and throughput of 1 vs 2 workers against the in-process loop.
     .venv/bin/python bench/gang.py quality --json bench/results/distributed_quality_umls.json
     .venv/bin/python bench/gang.py speed --json bench/results/distributed_speed_fb15k237.json
     .venv/bin/python bench/gang.py short --epochs 10 --json bench/results/distributed_fb15k237_short.json
+    .venv/bin/python bench/gang.py overhead --epochs 6 --rounds 3 --json bench/results/dask_overhead_fb15k237.json
 
 ``quality``: the shipped UMLS config (or ``--config``) trained in-process and with 2 workers in
 every mode (step sync, epoch sync, step sync with int8 and with top-k compression); test MRR,
@@ -12,6 +13,9 @@ bytes sent per epoch (counted from the tensors handed to the collectives) and wa
 ``speed``: FB15k-237 epochs (TransE, d=200, batch 1024, 256 negatives; ``--epochs``) in-process,
 on a 1-worker Dask cluster (the overhead of the Dask path) and on 2 workers with step sync;
 triples/s, compute vs communication seconds per epoch.
+
+``overhead``: the 1-worker Dask path against the in-process loop only, in interleaved rounds
+(median over rounds of each run's median steady epoch time).
 
 ``short``: FB15k-237 test MRR after ``--epochs`` epochs in one process and with 2 workers
 (epoch sync, step sync).
@@ -90,6 +94,38 @@ def speed(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
     return out
 
 
+def overhead(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
+    """The Dask path with one worker against the in-process loop, ``--rounds`` interleaved
+    rounds (alternating which goes first) of ``--epochs`` epochs each."""
+    base = [
+        f"data.root={args.data_root}",
+        f"training.epochs={args.epochs}",
+        "evaluation.every=0",
+        "evaluation.test=false",
+    ]
+    variants = {
+        "in-process": [],
+        "dask-1-worker": ["distributed.launch=dask", "distributed.workers=1"],
+    }
+    out = []
+    for k in range(args.rounds):
+        names = list(variants) if k % 2 == 0 else list(reversed(variants))
+        for name in names:
+            row = run(args.speed_config, base + variants[name], root, f"{name}-{k}")
+            row["variant"] = name
+            out.append(row)
+    per = {
+        name: statistics.median(r["epoch_seconds_median"] for r in out if r["variant"] == name)
+        for name in variants
+    }
+    ratio = per["dask-1-worker"] / per["in-process"]
+    print(f"median epoch s: {per}; Dask 1 worker / in-process = {ratio:.3f}", file=sys.stderr)
+    out.append({"name": "summary", "median_epoch_seconds": per, "overhead": ratio - 1.0,
+                "test_mrr": None, "triples_per_s_median": 0.0, "epoch_seconds_median": 0.0,
+                "comm_seconds_median": 0.0, "bytes_sent_per_epoch": 0})  # fmt: skip
+    return out
+
+
 def short(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
     """FB15k-237 test MRR after ``--epochs`` epochs: one process vs 2 workers (epoch, step)."""
     base = [f"data.root={args.data_root}", f"training.epochs={args.epochs}", "evaluation.every=0"]
@@ -103,7 +139,8 @@ def short(args: argparse.Namespace, root: str) -> list[dict[str, Any]]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("what", choices=("quality", "speed", "short"))
+    p.add_argument("what", choices=("quality", "speed", "short", "overhead"))
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (overhead)")
     p.add_argument("--config", default=str(REPO / "configs" / "umls-complex.yaml"))
     p.add_argument("--speed-config", default=str(REPO / "configs" / "fb15k237-transe.yaml"))
     p.add_argument("--data-root", default=str(REPO.parent / "shared" / "datasets"))
@@ -111,7 +148,8 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as root:
-        rows = {"quality": quality, "speed": speed, "short": short}[args.what](args, root)
+        modes = {"quality": quality, "speed": speed, "short": short, "overhead": overhead}
+        rows = modes[args.what](args, root)
     for r in rows:
         print(
             f"{r['name']:22s} mrr {r['test_mrr'] if r['test_mrr'] is None else round(r['test_mrr'], 4)}"

@@ -89,6 +89,10 @@ def open_cluster(
         settings = {
             "distributed.nanny.pre-spawn-environ": {**worker_environ(cfg), **(extra_env or {})},
             "distributed.scheduler.worker-ttl": ttl,
+            # the statistical profiler samples every worker thread's stack every 10 ms under the
+            # GIL, competing with the rank's Python-side step loop; the dashboard's other pages
+            # (task stream, progress, memory) stay
+            "distributed.worker.profile.enabled": False,
         }
         with dask.config.set(settings):
             owned = LocalCluster(**cluster_kwargs(cfg))
