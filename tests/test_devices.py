@@ -40,7 +40,7 @@ def test_auto_uses_a_gpu_only_when_there_is_one() -> None:
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
 def test_cuda_without_a_gpu_is_a_clear_error() -> None:
-    with pytest.raises(ConfigError, match="training.device=cuda: torch sees no CUDA GPU"):
+    with pytest.raises(ConfigError, match=r"training\.device=cuda: torch sees no CUDA GPU"):
         resolve_device("cuda")
 
 
