@@ -1,14 +1,20 @@
-"""Mixed precision: training speed of ``training.precision`` fp32 against bf16, same run.
+"""1-vs-all training speed: fp32 and bf16 score products, against an older checkout.
 
+    git worktree add /tmp/kgpipe-base 123c66c   # the code before the fused loss and bf16
     .venv/bin/python bench/precision.py configs/fb15k237-complex.yaml --steps 20 --rounds 3 \\
-        --json bench/results/precision_fb15k237_complex.json
+        --baseline /tmp/kgpipe-base --json bench/results/precision_fb15k237_complex.json
 
-The config's model and training settings are used as they are (only the precision changes).
-Each round times ``--steps`` training steps of each precision on the same subset of the
-training triples, alternating which goes first; both trainers are warmed up by one such pass.
-Reported: training triples per second per precision (median over rounds) and the ratio
-bf16/fp32. Whether bf16 trains as well is a separate question, answered by quality runs
-(``bench/quality.py ... --set training.precision=bf16``), not here.
+The config's model and training settings are used as they are; only ``training.precision``
+changes. Every measurement is a fresh process that loads the data set, builds the model and
+trainer on the first ``--steps`` batches of the training triples, runs them once to warm up and
+then times one more pass. Rounds rotate the order of the variants:
+
+* ``fp32`` and ``bf16``: this checkout;
+* ``baseline`` (with ``--baseline DIR``): the same loop with the ``kgpipe`` package of another
+  checkout (``DIR`` first on ``sys.path``), in fp32 -- the "before" of a change.
+
+Reported: training triples per second per variant (median over rounds) and the ratios. Whether
+bf16 trains as well is a separate question, answered by quality runs (``bench/quality.py``).
 """
 
 from __future__ import annotations
@@ -16,64 +22,92 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from common import commit, hardware  # bench/common.py (this script's folder is on sys.path)
+REPO = Path(__file__).resolve().parents[1]
 
-from kgpipe.config import load_config
-from kgpipe.data import load_dataset
-from kgpipe.models import KGEModel
-from kgpipe.training import Trainer
+
+def measure(args: argparse.Namespace) -> None:
+    """One timed pass in this process (the package of ``--src`` first on the path)."""
+    sys.path.insert(0, args.src)
+    from kgpipe.config import load_config
+    from kgpipe.data import load_dataset
+    from kgpipe.models import KGEModel
+    from kgpipe.training import Trainer
+
+    overrides = list(args.set)
+    if args.precision != "default":
+        overrides.append(f"training.precision={args.precision}")
+    cfg = load_config(args.config, overrides)
+    ds = load_dataset(cfg.data)
+    model = KGEModel.build(
+        cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0
+    )
+    subset = ds.train[: cfg.training.batch_size * args.steps]
+    trainer = Trainer(
+        model, subset, training=cfg.training, regularizer=cfg.model.regularizer, seed=0
+    )
+    trainer.train_epoch()  # warm-up
+    stats = trainer.train_epoch()
+    print(json.dumps({"triples_per_s": stats.triples_per_s, "seconds": stats.seconds}))
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("config")
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--baseline", help="another checkout's root: its kgpipe, in fp32")
     p.add_argument("--json")
+    p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--src", default=str(REPO), help=argparse.SUPPRESS)
+    p.add_argument("--precision", default="default", help=argparse.SUPPRESS)
     a = p.parse_args()
-    cfg = load_config(a.config, a.set)
-    ds = load_dataset(cfg.data)
-    subset = ds.train[: cfg.training.batch_size * a.steps]
-    trainers: dict[str, Trainer] = {}
-    for precision in ("fp32", "bf16"):
-        model = KGEModel.build(
-            cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0
-        )
-        training = cfg.training.model_copy(update={"precision": precision})
-        trainers[precision] = Trainer(
-            model, subset, training=training, regularizer=cfg.model.regularizer, seed=0
-        )
-        trainers[precision].train_epoch()  # warm-up
-    speed: dict[str, list[float]] = {"fp32": [], "bf16": []}
+    if a.measure:
+        measure(a)
+        return
+    sys.path.insert(0, str(REPO / "bench"))
+    from common import commit, hardware
+
+    variants = {"fp32": (str(REPO), "fp32"), "bf16": (str(REPO), "bf16")}
+    if a.baseline:
+        variants["baseline"] = (str(Path(a.baseline).resolve()), "default")
+    speed: dict[str, list[float]] = {k: [] for k in variants}
+    names = list(variants)
     for k in range(a.rounds):
-        order = ("fp32", "bf16") if k % 2 == 0 else ("bf16", "fp32")
-        for precision in order:
-            stats = trainers[precision].train_epoch()
-            speed[precision].append(stats.triples_per_s)
-            print(f"round {k + 1} {precision}: {stats.triples_per_s:,.0f} triples/s", flush=True)
+        for name in names[k % len(names) :] + names[: k % len(names)]:
+            src, precision = variants[name]
+            cmd = [sys.executable, __file__, a.config, "--measure", "--src", src,
+                   "--precision", precision, "--steps", str(a.steps)]  # fmt: skip
+            for s in a.set:
+                cmd += ["--set", s]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
+            tps = json.loads(out.stdout.strip().splitlines()[-1])["triples_per_s"]
+            speed[name].append(tps)
+            print(f"round {k + 1} {name}: {tps:,.0f} triples/s", flush=True)
     med = {k: statistics.median(v) for k, v in speed.items()}
+    ratios = {"bf16/fp32": med["bf16"] / med["fp32"]}
+    if "baseline" in med:
+        ratios["fp32/baseline"] = med["fp32"] / med["baseline"]
+        ratios["bf16/baseline"] = med["bf16"] / med["baseline"]
     result: dict[str, Any] = {
         "config": a.config,
         "overrides": a.set,
-        "model": cfg.model.name,
-        "dim": cfg.model.dim,
-        "mode": cfg.training.mode,
-        "batch_size": cfg.training.batch_size,
         "steps": a.steps,
         "rounds": a.rounds,
+        "baseline": a.baseline,
         "triples_per_s": speed,
         "median_triples_per_s": med,
-        "bf16_over_fp32": med["bf16"] / med["fp32"],
+        "ratios": ratios,
         "hardware": hardware(),
         "commit": commit(),
         "command": " ".join(["bench/precision.py", *sys.argv[1:]]),
     }
-    print(f"bf16/fp32 = {result['bf16_over_fp32']:.2f}x")
+    print(json.dumps(ratios))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=2) + "\n")
 

@@ -107,3 +107,24 @@ def test_gpu_training_matches_cpu_training(precision: str) -> None:
         tables.append(model.entity.detach().cpu())
     tol = 1e-4 if precision == "fp32" else 2e-2
     torch.testing.assert_close(tables[0], tables[1], rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
+def test_dask_rank_refusing_its_device_fails_at_once(tmp_path: Path, datasets_root: Path) -> None:
+    """A rank's ConfigError is not retried: every relaunch would fail the same way."""
+    from kgpipe.errors import RunError
+    from kgpipe.run import train
+
+    cfg = RunConfig.model_validate(
+        {
+            "run": {"root": str(tmp_path), "name": "dev"},
+            "data": {"dataset": "umls", "root": str(datasets_root)},
+            "model": {"name": "distmult", "dim": 16},
+            "training": {"epochs": 1, "device": "cuda"},
+            "distributed": {"launch": "dask", "workers": 1},
+            "fault_tolerance": {"max_restarts": 3, "restart_backoff_s": 30},
+        }
+    )
+    with pytest.raises(RunError, match="torch sees no CUDA GPU") as info:
+        train(cfg)
+    assert "rank 0 on worker" in str(info.value) and "restart" not in str(info.value)

@@ -115,6 +115,8 @@ def train_on_dask(
                 cb.on_train_end(cast(Trainer, view))
             return GangOutcome(until, restarts, world)
         except GangError as err:
+            if not err.retryable:  # the same configuration would fail the same way again
+                raise RunError(f"{run.url}: {err}") from None
             restarts += 1
             if restarts > ft.max_restarts:
                 raise RunError(

@@ -17,18 +17,20 @@ from typing import Any
 
 from distributed import Client, Future, Queue
 
-from kgpipe.errors import KgpipeError
+from kgpipe.errors import ConfigError, KgpipeError
 
 __all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
 
 
 class GangError(KgpipeError):
-    """A rank of the gang failed or its worker died; the message names both."""
+    """A rank of the gang failed or its worker died; the message names both. ``retryable`` is
+    false when relaunching cannot help (the rank refused the configuration)."""
 
-    def __init__(self, message: str, *, rank: int, worker: str) -> None:
+    def __init__(self, message: str, *, rank: int, worker: str, retryable: bool = True) -> None:
         super().__init__(message)
         self.rank = rank
         self.worker = worker
+        self.retryable = retryable
 
 
 def free_port() -> int:
@@ -106,6 +108,7 @@ def launch_gang(
                         f"{type(exc).__name__}: {exc}",
                         rank=rank,
                         worker=workers[rank],
+                        retryable=not isinstance(exc, ConfigError),
                     )
                 if fut.status == "cancelled":
                     raise GangError(
