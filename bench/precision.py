@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,9 +40,24 @@ def measure(args: argparse.Namespace) -> None:
     from kgpipe.training import Trainer
 
     overrides = list(args.set)
+    config = args.config
     if args.precision != "default":
         overrides.append(f"training.precision={args.precision}")
-    cfg = load_config(args.config, overrides)
+    else:  # an older checkout may not know training.precision: leave it out (fp32)
+        import tempfile
+
+        import yaml
+
+        data = yaml.safe_load(Path(args.config).read_text())
+        data.get("training", {}).pop("precision", None)
+        fd, config = tempfile.mkstemp(suffix=".yaml")
+        os.close(fd)
+        Path(config).write_text(yaml.safe_dump(data))
+    try:
+        cfg = load_config(config, overrides)
+    finally:
+        if config != args.config:
+            os.unlink(config)
     ds = load_dataset(cfg.data)
     model = KGEModel.build(
         cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0
