@@ -35,6 +35,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from common import hardware  # noqa: E402
 
 from kgpipe.config import load_config  # noqa: E402
 from kgpipe.run import train  # noqa: E402
@@ -158,7 +161,7 @@ def main() -> None:
             file=sys.stderr,
         )
     text = json.dumps({"date": time.strftime("%Y-%m-%d %H:%M"), "cpu_count": os.cpu_count(),
-                       "results": rows}, indent=2)  # fmt: skip
+                       "hardware": hardware(), "results": rows}, indent=2)  # fmt: skip
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")

@@ -13,7 +13,12 @@ import torch
 from safetensors.torch import load_file
 
 from kgpipe.config import parse_config
-from kgpipe.distributed.cluster import cluster_kwargs, worker_threads
+from kgpipe.distributed.cluster import (
+    QUIET_WORKER_CONFIG,
+    cluster_kwargs,
+    open_cluster,
+    worker_threads,
+)
 from kgpipe.errors import RunError
 from kgpipe.run import train
 
@@ -63,6 +68,33 @@ def test_cluster_spec_is_pure() -> None:
     assert kw["n_workers"] == 2 and kw["threads_per_worker"] == 1 and kw["host"] == "127.0.0.1"
     assert worker_threads(cfg, cores=8) == 4
     assert worker_threads(cfg, cores=1) == 1
+
+
+def _worker_setup() -> dict[str, object]:
+    import dask
+    import torch
+
+    keys = [*QUIET_WORKER_CONFIG, "distributed.worker.profile.enabled"]
+    return {
+        "config": {k: dask.config.get(k) for k in keys},
+        "malloc_trim": os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+        "omp": os.environ.get("OMP_NUM_THREADS"),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def test_local_cluster_workers_are_set_up_for_training() -> None:
+    """What the worker processes of our LocalCluster actually run with: quiet event-loop
+    housekeeping, no statistical profiler, malloc left alone, one torch thread share."""
+    cfg = parse_config({**BASE, "distributed": {"workers": 2}}).distributed
+    with open_cluster(cfg) as client:
+        seen = client.run(_worker_setup)
+    assert len(seen) == 2
+    threads = worker_threads(cfg)
+    for got in seen.values():
+        assert got["config"] == {**QUIET_WORKER_CONFIG, "distributed.worker.profile.enabled": False}
+        assert got["malloc_trim"] is None
+        assert got["omp"] == str(threads) and got["torch_threads"] == threads
 
 
 def _worker_pids() -> list[int]:
