@@ -11,7 +11,7 @@
 against a raw ``s3fs`` PUT of the same bytes, to SeaweedFS on 127.0.0.1; ``--rounds``
 interleaved rounds, medians.
 
-``overhead``: FB15k-237 TransE epochs (``configs/fb15k237-transe.yaml``) with a checkpoint
+``overhead``: FB15k-237 TransE epochs (``bench/configs/fb15k237-transe-speed.yaml``) with a checkpoint
 every epoch (background upload, and foreground) against one checkpoint at the end only, to a
 local folder and to SeaweedFS; training wall time from the first epoch to the last commit, and
 the seconds the training thread is blocked in commits (precise where wall time is noisy).
@@ -171,7 +171,7 @@ def bench_overhead(
                 for r in range(rounds):
                     for name, extra in variants.items():
                         cfg = load_config(
-                            str(REPO / "configs" / "fb15k237-transe.yaml"),
+                            str(REPO / "bench" / "configs" / "fb15k237-transe-speed.yaml"),
                             [*root, f"run.name={where}-bench", f"data.root={DATASETS}",
                              f"training.epochs={epochs}", "evaluation.every=0",
                              "evaluation.test=false", *extra],

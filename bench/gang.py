@@ -145,7 +145,9 @@ def main() -> None:
     p.add_argument("what", choices=("quality", "speed", "short", "overhead"))
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (overhead)")
     p.add_argument("--config", default=str(REPO / "configs" / "umls-complex.yaml"))
-    p.add_argument("--speed-config", default=str(REPO / "configs" / "fb15k237-transe.yaml"))
+    p.add_argument(
+        "--speed-config", default=str(REPO / "bench" / "configs" / "fb15k237-transe-speed.yaml")
+    )
     p.add_argument("--data-root", default=str(REPO.parent / "shared" / "datasets"))
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--json")

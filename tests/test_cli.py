@@ -227,19 +227,24 @@ def test_missing_run_folder(tmp_path: Path) -> None:
 def test_shipped_configs_are_valid() -> None:
     from kgpipe.config import load_config
 
-    configs = sorted((REPO / "configs").rglob("*.yaml"))
-    assert configs
+    configs = sorted([*(REPO / "configs").rglob("*.yaml"), *(REPO / "bench").rglob("*.yaml")])
+    assert len(configs) > 1
     for path in configs:
         load_config(str(path))
 
 
-@pytest.mark.parametrize(
-    "config", sorted(p.name for p in (REPO / "configs").glob("*.yaml")), ids=lambda n: n
+SHIPPED = sorted(
+    str(p.relative_to(REPO))
+    for p in [*(REPO / "configs").glob("*.yaml"), *(REPO / "bench" / "configs").glob("*.yaml")]
 )
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=lambda n: n)
 def test_shipped_config_smoke(config: str, tmp_path: Path, datasets_root: Path) -> None:
-    """Every shipped config trains for two steps and writes its run folder."""
+    """Every shipped config (and every benchmark config) trains for two steps and writes its
+    run folder."""
     code = main([
-        "train", "-c", str(REPO / "configs" / config), "-q",
+        "train", "-c", str(REPO / config), "-q",
         "--set", f"run.root={tmp_path}", "--set", "run.name=smoke",
         "--set", f"data.root={datasets_root}" if "umls" not in config else "data.root=null",
         "--set", "training.epochs=1", "--set", "training.max_steps_per_epoch=2",
