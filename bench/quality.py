@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from common import commit, hardware  # noqa: E402
 
+from kgpipe.cli import local_prefect_defaults  # noqa: E402
 from kgpipe.config import load_config  # noqa: E402
 
 PUBLISHED = {  # ../shared/datasets/README.md: filtered test MRR
@@ -38,8 +38,7 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--out", default=str(REPO / "bench" / "results" / "quality.jsonl"))
     a = p.parse_args()
-    # as the CLI does: the temporary Prefect server must not try to send telemetry (offline)
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    local_prefect_defaults()  # as the CLI does: no telemetry, a patient temporary-server start
     from flows.train import train_kge
 
     cfg = load_config(a.config, a.set).with_run_name()

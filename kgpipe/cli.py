@@ -144,15 +144,27 @@ def _cmd_train(args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
+def local_prefect_defaults() -> None:
+    """Environment defaults for running a flow on Prefect's temporary local API server; call
+    before Prefect is imported (its settings are read then). A value already set wins.
+
+    * no telemetry: offline it only logs an error;
+    * a 120 s start-up wait instead of Prefect's 20 s: the first start on a new machine
+      creates and migrates the database, and on 2 busy cores that measured 31 s (the flow then
+      failed with "Timed out while attempting to connect to ephemeral Prefect API server").
+    """
+    import os
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
 def _train_flow(config: Any, args: argparse.Namespace, callbacks: list[Any]) -> tuple[str, Any]:
     """Run the Prefect flow ``train-kge`` in this process (ephemeral Prefect API unless
     ``PREFECT_API_URL`` is set)."""
     import json as _json
-    import os
 
-    # the temporary local API server would otherwise try to send telemetry (and log an error
-    # offline); must be set before prefect is imported
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    local_prefect_defaults()
     try:
         from flows.train import train_kge
         from tasks import kge

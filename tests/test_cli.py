@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,17 @@ def test_overwrite_with_bad_data_keeps_the_existing_run(tmp_path: Path) -> None:
     proc = _run_cli("train", "-c", str(cfg), "--set", f"run.root={root}",
                     "--set", "run.name=keep", cwd=tmp_path)  # fmt: skip
     assert proc.returncode != 0 and "--resume" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_local_prefect_defaults_are_patient_and_keep_user_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The temporary Prefect API gets 120 s to start (Prefect's 20 s failed a first start on 2
+    busy cores) and no telemetry; values the user set are kept."""
+    from kgpipe.cli import local_prefect_defaults
+
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")
+    local_prefect_defaults()
+    assert os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "120"
+    assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
