@@ -1,4 +1,4 @@
-"""1-vs-all training speed: fp32 and bf16 score products, against an older checkout.
+"""Training step speed of a config: fp32 and bf16 score products, against an older checkout.
 
     git worktree add /tmp/kgpipe-base 123c66c   # the code before the fused loss and bf16
     .venv/bin/python bench/precision.py configs/fb15k237-complex.yaml --steps 20 --rounds 3 \\
@@ -12,6 +12,9 @@ then times one more pass. Rounds rotate the order of the variants:
 * ``fp32`` and ``bf16``: this checkout;
 * ``baseline`` (with ``--baseline DIR``): the same loop with the ``kgpipe`` package of another
   checkout (``DIR`` first on ``sys.path``), in fp32 -- the "before" of a change.
+
+``--variants fp32`` times this checkout in fp32 only (models without bf16 scoring, e.g. RotatE,
+against ``--baseline``).
 
 Reported: training triples per second per variant (median over rounds) and the ratios. Whether
 bf16 trains as well is a separate question, answered by quality runs (``bench/quality.py``).
@@ -78,6 +81,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--baseline", help="another checkout's root: its kgpipe, in fp32")
+    p.add_argument(
+        "--variants", default="fp32,bf16", help="this checkout's precisions to time (fp32,bf16)"
+    )
     p.add_argument("--json")
     p.add_argument("--measure", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--src", default=str(REPO), help=argparse.SUPPRESS)
@@ -89,7 +95,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "bench"))
     from common import commit, hardware
 
-    variants = {"fp32": (str(REPO), "fp32"), "bf16": (str(REPO), "bf16")}
+    variants = {v: (str(REPO), v) for v in a.variants.split(",")}
     if a.baseline:
         variants["baseline"] = (str(Path(a.baseline).resolve()), "default")
     speed: dict[str, list[float]] = {k: [] for k in variants}
@@ -106,10 +112,10 @@ def main() -> None:
             speed[name].append(tps)
             print(f"round {k + 1} {name}: {tps:,.0f} triples/s", flush=True)
     med = {k: statistics.median(v) for k, v in speed.items()}
-    ratios = {"bf16/fp32": med["bf16"] / med["fp32"]}
-    if "baseline" in med:
-        ratios["fp32/baseline"] = med["fp32"] / med["baseline"]
-        ratios["bf16/baseline"] = med["bf16"] / med["baseline"]
+    ratios = {"bf16/fp32": med["bf16"] / med["fp32"]} if {"bf16", "fp32"} <= set(med) else {}
+    for name in ("fp32", "bf16"):
+        if name in med and "baseline" in med:
+            ratios[f"{name}/baseline"] = med[name] / med["baseline"]
     result: dict[str, Any] = {
         "config": a.config,
         "overrides": a.set,
