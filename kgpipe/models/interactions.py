@@ -178,8 +178,6 @@ class ComplEx(BilinearInteraction):
 
 
 _SLICE_ELEMENTS = 1 << 19  # (b, m, k) elements per slice: 2 MiB of float32, cache-sized
-
-
 _EPS = 1e-12  # inside RotatE's square roots: a finite gradient at zero distance
 
 
@@ -193,10 +191,10 @@ class _ModulusSum(torch.autograd.Function):
 
     ``qr, qi``: ``(*g, b, k)``; ``cr, ci``: ``(*g, n, k)`` or ``(n, k)``. The autograd form of
     the same expression materialises five ``(b, n, k)`` temporaries and keeps three for the
-    backward pass: memory-bound, and ~25x slower for RotatE's shared negatives. Here the
-    forward pass keeps only the inputs, and the backward pass recomputes each slice:
-    ``∂/∂q = g·(q - c)/dist`` summed over candidates, ``∂/∂c = -g·(q - c)/dist`` summed over
-    queries.
+    backward pass: memory-bound, 3.7x slower for RotatE's shared negatives on WN18RR
+    (measured, docs/benchmarks.md). Here the forward pass keeps only the inputs, and the
+    backward pass recomputes each slice: ``∂/∂q = g·(q - c)/dist`` summed over candidates,
+    ``∂/∂c = -g·(q - c)/dist`` summed over queries.
     """
 
     @staticmethod
