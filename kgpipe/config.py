@@ -253,12 +253,14 @@ class TrainingConfig(_Frozen):
             "a plain `local` LocalCluster stay on the CPU), cpu, or cuda (an error without one)."
         ),
     )
-    precision: Literal["fp32", "bf16"] = Field(
+    precision: Literal["fp32", "bf16", "auto"] = Field(
         default="fp32",
         description=(
             "Arithmetic of the training score products: bf16 runs the (query x entity) matrix "
             "products in bfloat16 with float32 accumulation, weights, loss and optimiser state "
-            "(mixed precision; DistMult and ComplEx only). Evaluation always ranks in float32."
+            "(mixed precision; DistMult and ComplEx only). auto: bf16 for DistMult and ComplEx "
+            "where the device has native bf16 products (AVX512-BF16/AMX CPUs, recent GPUs), "
+            "else fp32 (emulated bf16 is slower). Evaluation always ranks in float32."
         ),
     )
 

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from kgpipe.errors import ConfigError
 
-__all__ = ["process_group_backend", "resolve_device"]
+__all__ = ["native_bf16", "process_group_backend", "resolve_device", "resolve_precision"]
+
+BF16_MODELS = ("distmult", "complex")  # bilinear scores: matrix products worth running in bf16
 
 
 def resolve_device(setting: str, *, cluster: str | None = None) -> torch.device:
@@ -49,3 +53,30 @@ def process_group_backend(setting: str, device: torch.device) -> str:
             "(set training.device=cuda, or use backend auto or gloo)"
         )
     return setting
+
+
+def native_bf16(device: torch.device, cpu_flags: str | None = None) -> bool:
+    """Whether ``device`` multiplies bfloat16 matrices in hardware.
+
+    CUDA: what torch reports (Ampere and newer). CPU: the ``avx512_bf16`` or ``amx_bf16`` flag
+    in ``/proc/cpuinfo`` (``cpu_flags`` replaces the file's text, for tests); without them,
+    bfloat16 products are emulated and measured 2.7x *slower* than float32 on a 2-core Xeon
+    (docs/benchmarks.md). Unknown (no ``/proc/cpuinfo``): no.
+    """
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if cpu_flags is None:
+        try:
+            cpu_flags = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return False
+    flags = set(cpu_flags.split())
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def resolve_precision(setting: str, model: str, device: torch.device) -> str:
+    """``fp32`` or ``bf16`` for ``training.precision`` on ``device``: ``auto`` is bf16 for the
+    bilinear models where the device has native bfloat16 products, else fp32."""
+    if setting != "auto":
+        return setting
+    return "bf16" if model in BF16_MODELS and native_bf16(device) else "fp32"

@@ -419,7 +419,8 @@ class Session:
         if trainer.epoch >= until:
             return
         self.say(
-            f"training {config.model.name} (dim {config.model.dim}) epochs "
+            f"training {config.model.name} (dim {config.model.dim}, "
+            f"{'bf16' if trainer.bf16 else 'fp32'} scores) epochs "
             f"{trainer.epoch + 1}..{until} of {config.training.epochs}, "
             f"{trainer.steps_per_epoch} steps each -> {self.run.url}"
         )

@@ -15,7 +15,7 @@ import torch
 import yaml
 
 from kgpipe.config import RunConfig, config_hash
-from kgpipe.devices import process_group_backend, resolve_device
+from kgpipe.devices import native_bf16, process_group_backend, resolve_device, resolve_precision
 from kgpipe.errors import ConfigError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -128,3 +128,56 @@ def test_dask_rank_refusing_its_device_fails_at_once(tmp_path: Path, datasets_ro
     with pytest.raises(RunError, match="torch sees no CUDA GPU") as info:
         train(cfg)
     assert "rank 0 on worker" in str(info.value) and "restart" not in str(info.value)
+
+
+XEON = "fpu vme sse sse2 avx2 avx512f avx512bw avx512_vnni avx512_vbmi2"  # no bf16 (measured slow)
+SAPPHIRE_RAPIDS = XEON + " avx512_bf16 amx_bf16 amx_tile amx_int8"
+
+
+def test_native_bf16_reads_the_cpu_flags() -> None:
+    cpu = torch.device("cpu")
+    assert not native_bf16(cpu, cpu_flags=XEON)
+    assert native_bf16(cpu, cpu_flags=SAPPHIRE_RAPIDS)
+    assert native_bf16(cpu, cpu_flags="flags : fpu avx512_bf16")
+    assert not native_bf16(cpu, cpu_flags="")
+
+
+def test_auto_precision_is_bf16_only_for_bilinear_models_on_native_hardware(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import kgpipe.devices as devices
+
+    cpu = torch.device("cpu")
+    assert resolve_precision("fp32", "complex", cpu) == "fp32"
+    assert resolve_precision("bf16", "complex", cpu) == "bf16"  # asked for: even if emulated
+    for native in (False, True):
+        monkeypatch.setattr(devices, "native_bf16", lambda _d, _f=None, n=native: n)
+        for model in ("complex", "distmult"):
+            assert resolve_precision("auto", model, cpu) == ("bf16" if native else "fp32")
+        for model in ("transe", "rotate"):  # distances: never bf16
+            assert resolve_precision("auto", model, cpu) == "fp32"
+
+
+def test_trainer_and_configs_accept_auto_precision() -> None:
+    from kgpipe.models import KGEModel
+    from kgpipe.training import Trainer
+
+    cfg = RunConfig.model_validate(
+        {"data": {"dataset": "umls"}, "model": {"name": "rotate", "dim": 8},
+         "training": {"precision": "auto", "mode": "1vsall", "loss": "cross_entropy"}}
+    )  # fmt: skip
+    model = KGEModel.build(cfg.model, num_entities=5, num_relations=2, seed=0)
+    trainer = Trainer(
+        model, torch.tensor([[0, 0, 1], [1, 1, 2]]), training=cfg.training,
+        regularizer=cfg.model.regularizer, seed=0,
+    )  # fmt: skip
+    assert trainer.bf16 is False
+    on_this_cpu = native_bf16(torch.device("cpu"))
+    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"name": "complex"})})
+    model = KGEModel.build(cfg.model, num_entities=5, num_relations=2, seed=0)
+    trainer = Trainer(
+        model, torch.tensor([[0, 0, 1], [1, 1, 2]]), training=cfg.training,
+        regularizer=cfg.model.regularizer, seed=0,
+    )  # fmt: skip
+    assert trainer.bf16 is on_this_cpu
+    trainer.train_epoch()

@@ -35,6 +35,7 @@ from torch import Tensor
 
 from kgpipe.checkpoint import TrainState
 from kgpipe.config import RegularizerConfig, TrainingConfig
+from kgpipe.devices import resolve_precision
 from kgpipe.models.interactions import BilinearInteraction, ComplEx, RotatE
 from kgpipe.models.model import KGEModel
 from kgpipe.training.losses import (
@@ -225,6 +226,8 @@ class Trainer:
         self.device = model.entity.device
         self.train_triples = train.long().to(self.device)
         self.cfg = training
+        # fp32 or bf16 score products (training.precision: auto decides by model and device)
+        self.bf16 = resolve_precision(training.precision, model.spec.name, self.device) == "bf16"
         self.reg = regularizer
         self.seed = seed
         self.stream = stream
@@ -445,7 +448,7 @@ class Trainer:
         Only the products run in bfloat16 (with float32 accumulation); the tables, the loss and
         the gradients handed to the optimiser stay float32.
         """
-        if self.cfg.precision == "bf16":
+        if self.bf16:
             device = self.tables["entity"].device.type
             return torch.autocast(device_type=device, dtype=torch.bfloat16)
         return contextlib.nullcontext()
@@ -480,7 +483,7 @@ class Trainer:
                 ent,
                 targets,
                 label_smoothing=self.cfg.label_smoothing,
-                dtype=torch.bfloat16 if self.cfg.precision == "bf16" else None,
+                dtype=torch.bfloat16 if self.bf16 else None,
                 block=max(64, min(1024, (1 << 23) // ent.shape[0])),
             )
             return self._finish_one_vs_all(
