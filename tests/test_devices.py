@@ -158,26 +158,25 @@ def test_auto_precision_is_bf16_only_for_bilinear_models_on_native_hardware(
             assert resolve_precision("auto", model, cpu) == "fp32"
 
 
-def test_trainer_and_configs_accept_auto_precision() -> None:
+@pytest.mark.parametrize("native", [False, True])
+def test_trainer_resolves_auto_precision(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A config with precision auto trains; the trainer takes bf16 only for the bilinear models
+    and only where the (here simulated) CPU flags say bf16 products are native."""
+    import kgpipe.devices as devices
     from kgpipe.models import KGEModel
     from kgpipe.training import Trainer
 
-    cfg = RunConfig.model_validate(
-        {"data": {"dataset": "umls"}, "model": {"name": "rotate", "dim": 8},
-         "training": {"precision": "auto", "mode": "1vsall", "loss": "cross_entropy"}}
-    )  # fmt: skip
-    model = KGEModel.build(cfg.model, num_entities=5, num_relations=2, seed=0)
-    trainer = Trainer(
-        model, torch.tensor([[0, 0, 1], [1, 1, 2]]), training=cfg.training,
-        regularizer=cfg.model.regularizer, seed=0,
-    )  # fmt: skip
-    assert trainer.bf16 is False
-    on_this_cpu = native_bf16(torch.device("cpu"))
-    cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"name": "complex"})})
-    model = KGEModel.build(cfg.model, num_entities=5, num_relations=2, seed=0)
-    trainer = Trainer(
-        model, torch.tensor([[0, 0, 1], [1, 1, 2]]), training=cfg.training,
-        regularizer=cfg.model.regularizer, seed=0,
-    )  # fmt: skip
-    assert trainer.bf16 is on_this_cpu
-    trainer.train_epoch()
+    monkeypatch.setattr(devices, "native_bf16", lambda _d, _f=None: native)
+    for name in ("rotate", "complex"):
+        cfg = RunConfig.model_validate(
+            {"data": {"dataset": "umls"}, "model": {"name": name, "dim": 8},
+             "training": {"precision": "auto", "mode": "1vsall", "loss": "cross_entropy",
+                          "batch_size": 2}}
+        )  # fmt: skip
+        model = KGEModel.build(cfg.model, num_entities=5, num_relations=2, seed=0)
+        trainer = Trainer(
+            model, torch.tensor([[0, 0, 1], [1, 1, 2]]), training=cfg.training,
+            regularizer=cfg.model.regularizer, seed=0,
+        )  # fmt: skip
+        assert trainer.bf16 is (native and name == "complex")
+        assert trainer.train_epoch().loss > 0
