@@ -473,9 +473,10 @@ def config_hash(config: RunConfig) -> str:
         data.pop(section, None)
     data["run"] = {"seed": config.run.seed}
     data["data"].pop("storage_options", None)
-    if data["training"].get("precision") == "fp32":  # added later: keeps older runs resumable
-        del data["training"]["precision"]
-    data["training"].pop("device", None)  # where it runs; a run may resume on another device
+    # how the products are computed, not what is trained: a run may resume on another device,
+    # where precision auto can resolve differently (and older runs have no precision at all)
+    data["training"].pop("precision", None)
+    data["training"].pop("device", None)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return hashlib.sha256(blob).hexdigest()
 

@@ -57,6 +57,11 @@ def test_device_does_not_change_the_config_hash() -> None:
     a = RunConfig.model_validate(base)
     b = RunConfig.model_validate({**base, "training": {"device": "cpu"}})
     assert config_hash(a) == config_hash(b)  # a run may resume on another device
+    for precision in ("bf16", "auto"):  # ... where precision auto may resolve differently
+        c = RunConfig.model_validate({**base, "training": {"precision": precision}})
+        assert config_hash(a) == config_hash(c)
+    d = RunConfig.model_validate({**base, "training": {"lr": 0.5}})
+    assert config_hash(a) != config_hash(d)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
