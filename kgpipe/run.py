@@ -457,6 +457,7 @@ class Session:
             train_all,
             training=config.training,
             regularizer=config.model.regularizer,
+            dropout=config.model.dropout,
             seed=config.run.seed,
             callbacks=[
                 _Validation(valid, index, config),

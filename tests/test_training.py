@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kgpipe.config import ModelConfig, RegularizerConfig, TrainingConfig
+from kgpipe.config import DropoutConfig, ModelConfig, RegularizerConfig, TrainingConfig
 from kgpipe.models import INTERACTIONS, KGEModel
 from kgpipe.training import Trainer
 from kgpipe.training.losses import negative_sampling_loss
@@ -85,6 +85,115 @@ def test_shared_negative_gradients_equal_per_triple_reference(
         dense[g.rows] = g.values
         torch.testing.assert_close(dense, ref, rtol=1e-4, atol=1e-6)
     assert res.queries == 11
+
+
+@pytest.mark.parametrize("name", ["distmult", "complex", "transe"])
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_dropout_gradients_equal_masked_reference(name: str, reciprocal: bool) -> None:
+    """Negative sampling with dropout: the gradient of a per-triple loop that multiplies every
+    use of a row by its mask, and the regulariser sees the rows before dropout."""
+    model = _model(name, reciprocal)
+    reg = RegularizerConfig(type="n3", weight=0.01)
+    drop = DropoutConfig(entity=0.4, relation=0.3)
+    cfg = TrainingConfig(batch_size=11, negatives=4, chunk_size=3, loss="cross_entropy")
+    trainer = Trainer(model, _triples(11), training=cfg, regularizer=reg, seed=0, dropout=drop)
+    trainer.global_step = 5
+    batch = _triples(11)
+    negs = trainer._draw_negatives(11, torch.Generator().manual_seed(1))
+    assert negs is not None
+    res = trainer.compute_gradients(batch, negs, global_queries=11, global_batch=11)
+    masks = trainer._chunk_dropout(torch.arange(4), 3, 4)
+    assert masks is not None
+    mh, mt, mn, mr = masks
+    for m, p in ((mh, 0.4), (mn, 0.4), (mr, 0.3)):  # inverted dropout: 0 or 1/(1-p)
+        values = m.unique()
+        assert values.numel() == 2 and values[0] == 0.0
+        assert float(values[1]) == pytest.approx(1 / (1 - p))
+
+    ent = model.entity.detach().clone().requires_grad_()
+    rel = model.relation.detach().clone().requires_grad_()
+    inter = model.interaction
+    total = 0.0
+    for i, (h, r, t) in enumerate(batch.tolist()):
+        k, j = (i // 3, i % 3) if i < 6 else (2 + (i - 6) // 3, (i - 6) % 3)
+        he, te, re_ = ent[h] * mh[k, j], ent[t] * mt[k, j], None
+        cand = ent[negs[k]] * mn[k]
+        ri = r + NR if (reciprocal and i >= 6) else r
+        re_ = rel[ri] * mr[k, j]
+        if i < 6:
+            pos, neg = inter.score(he, re_, te), inter.score_tails(he[None], re_[None], cand)[0]
+        elif reciprocal:
+            pos, neg = inter.score(te, re_, he), inter.score_tails(te[None], re_[None], cand)[0]
+        else:
+            pos, neg = inter.score(he, re_, te), inter.score_heads(re_[None], te[None], cand)[0]
+        per = negative_sampling_loss(
+            "cross_entropy", pos.view(1), neg.view(1, -1), margin=0.0, temperature=1.0
+        )
+        total = total + per.sum() / 11
+        total = total + trainer._regularization(ent[h][None], rel[ri][None], ent[t][None]) / 11
+    total.backward()
+    for table, ref in (("entity", ent.grad), ("relation", rel.grad)):
+        g = res.grads[table]
+        dense = torch.zeros_like(ref)
+        dense[g.rows] = g.values
+        torch.testing.assert_close(dense, ref, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["1vsall", "kvsall"])
+def test_dropout_in_all_entity_modes_equals_masked_reference(mode: str) -> None:
+    """1-vs-all/KvsAll with dropout: one entity-table mask per step, used by queries and
+    candidates alike; the gradient equals a dense computation with that mask."""
+    model = _model("complex", reciprocal=True)
+    loss = "cross_entropy" if mode == "1vsall" else "bce"
+    cfg = TrainingConfig(mode=mode, loss=loss, batch_size=8)
+    drop = DropoutConfig(entity=0.5, relation=0.25)
+    train = _triples(8)
+    trainer = Trainer(
+        model, train, training=cfg, regularizer=RegularizerConfig(), seed=0, dropout=drop
+    )
+    if mode == "1vsall":
+        batch, queries = _triples(8, 3), 16
+    else:
+        assert trainer.kvsall is not None
+        batch, queries = torch.arange(len(trainer.kvsall)), len(trainer.kvsall)
+    res = trainer.compute_gradients(batch, None, global_queries=queries, global_batch=8)
+    ones_e = torch.ones_like(model.entity)
+    ones_r = torch.ones_like(model.relation)
+    me, mr = trainer._table_dropout(ones_e, ones_r, torch.arange(ones_r.shape[0]))
+    assert 0.3 < float((me == 0).float().mean()) < 0.7
+
+    ent = model.entity.detach().clone().requires_grad_()
+    rel = model.relation.detach().clone().requires_grad_()
+    e, r_ = ent * me, rel * mr
+    inter = model.interaction
+    if mode == "1vsall":
+        h, r, t = batch.unbind(1)
+        scores = torch.cat(
+            (inter.score_tails(e[h], r_[r], e), inter.score_tails(e[t], r_[r + NR], e))
+        )
+        total = torch.nn.functional.cross_entropy(scores, torch.cat((t, h)), reduction="sum")
+    else:
+        idx = trainer.kvsall
+        a, rr, side = idx.anchor, idx.relation, idx.side
+        labels = idx.labels(batch, NE)
+        scores = torch.stack(
+            [
+                inter.score_tails(e[a[q]][None], r_[rr[q]][None], e)[0]
+                if side[q] == 0
+                else inter.score_heads(r_[rr[q]][None], e[a[q]][None], e)[0]
+                for q in range(len(batch))
+            ]
+        )
+        total = torch.nn.functional.binary_cross_entropy_with_logits(
+            scores, labels, reduction="sum"
+        )
+    (total / queries).backward()
+    g = res.grads["entity"]
+    torch.testing.assert_close(g.values, ent.grad[g.rows], rtol=1e-4, atol=1e-6)
+    g = res.grads["relation"]
+    dense = torch.zeros_like(rel.grad)
+    dense[g.rows] = g.values
+    torch.testing.assert_close(dense, rel.grad, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -313,15 +422,21 @@ def test_warmup_reaches_the_optimizer() -> None:
     "mode,loss", [("negative_sampling", "softplus"), ("1vsall", "cross_entropy"), ("kvsall", "bce")]
 )
 @pytest.mark.parametrize("parts", [2, 3])
-def test_parts_of_a_global_batch_sum_to_its_gradient(mode: str, loss: str, parts: int) -> None:
-    """What each rank of a step-synchronised gang computes adds up to the whole batch's gradient."""
+@pytest.mark.parametrize("dropout", [None, DropoutConfig(entity=0.3, relation=0.2)])
+def test_parts_of_a_global_batch_sum_to_its_gradient(
+    mode: str, loss: str, parts: int, dropout: DropoutConfig | None
+) -> None:
+    """What each rank of a step-synchronised gang computes adds up to the whole batch's gradient
+    (with dropout too: a step's masks do not depend on how the ranks split it)."""
     cfg = TrainingConfig(mode=mode, loss=loss, batch_size=11, negatives=4, chunk_size=2)
     reg = RegularizerConfig(type="n3", weight=0.01)
     train = _triples(30)
 
     def grads(part: tuple[int, int]) -> tuple[dict[str, torch.Tensor], int]:
         model = _model("complex", dim=8)
-        trainer = Trainer(model, train, training=cfg, regularizer=reg, seed=0, part=part)
+        trainer = Trainer(
+            model, train, training=cfg, regularizer=reg, seed=0, part=part, dropout=dropout
+        )
         batch = torch.arange(11) if mode == "kvsall" else _triples(11, 4)
         negs = trainer._draw_negatives(11, torch.Generator().manual_seed(3))
         res = trainer.compute_gradients(
@@ -354,3 +469,55 @@ def test_bf16_is_refused_for_distance_models(name: str) -> None:
             {"data": {"dataset": "umls"}, "model": {"name": name},
              "training": {"precision": "bf16"}}
         )  # fmt: skip
+
+
+def test_dropout_enters_the_config_hash_only_when_active() -> None:
+    from kgpipe.config import RunConfig, config_hash
+
+    base = RunConfig.model_validate({"data": {"dataset": "umls"}})
+    # the hash of this config before model.dropout existed (commit 9a834c8): runs from then resume
+    assert config_hash(base) == "bc668d8ead534ecf4fdbfb94465fc2a89efe3ec934952c3f6801c241610c32c6"
+    dropped = RunConfig.model_validate(
+        {"data": {"dataset": "umls"}, "model": {"dropout": {"entity": 0.1}}}
+    )
+    assert config_hash(dropped) != config_hash(base)
+
+
+def test_dropout_training_is_seeded_and_differs_from_no_dropout() -> None:
+    cfg = TrainingConfig(batch_size=8, negatives=4, chunk_size=4, epochs=2, loss="cross_entropy")
+    train = _triples(40)
+
+    def fit(dropout: DropoutConfig | None) -> torch.Tensor:
+        model = _model("distmult")
+        Trainer(
+            model, train, training=cfg, regularizer=RegularizerConfig(), seed=0, dropout=dropout
+        ).fit()
+        return model.entity.detach().clone()
+
+    drop = DropoutConfig(entity=0.3, relation=0.3)
+    assert torch.equal(fit(drop), fit(drop))
+    assert not torch.equal(fit(drop), fit(None))
+    assert torch.equal(fit(None), fit(DropoutConfig()))  # p = 0 is no dropout at all
+
+
+def test_dropout_masks_continue_bit_identically_after_a_resume() -> None:
+    cfg = TrainingConfig(batch_size=8, negatives=4, chunk_size=4, epochs=2, loss="cross_entropy")
+    drop = DropoutConfig(entity=0.3, relation=0.3)
+    train = _triples(40)
+    whole = _model("complex")
+    Trainer(whole, train, training=cfg, regularizer=RegularizerConfig(), seed=0, dropout=drop).fit()
+
+    first = _model("complex")
+    trainer = Trainer(
+        first, train, training=cfg, regularizer=RegularizerConfig(), seed=0, dropout=drop
+    )
+    trainer.fit(until=1)
+    state = trainer.state()
+    resumed = _model("complex")
+    again = Trainer(
+        resumed, train, training=cfg, regularizer=RegularizerConfig(), seed=0, dropout=drop
+    )
+    again.load_state(state)
+    again.fit()
+    assert torch.equal(resumed.entity, whole.entity)
+    assert torch.equal(resumed.relation, whole.relation)

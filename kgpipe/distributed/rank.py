@@ -198,6 +198,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             train,
             training=training,
             regularizer=config.model.regularizer,
+            dropout=config.model.dropout,
             seed=config.run.seed,
             stream=stream,
             part=part,

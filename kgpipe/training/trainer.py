@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from kgpipe.checkpoint import TrainState
-from kgpipe.config import RegularizerConfig, TrainingConfig
+from kgpipe.config import DropoutConfig, RegularizerConfig, TrainingConfig
 from kgpipe.devices import resolve_precision
 from kgpipe.models.interactions import BilinearInteraction, ComplEx, RotatE
 from kgpipe.models.model import KGEModel
@@ -59,6 +59,16 @@ def derive_seed(*parts: int) -> int:
     """A 63-bit seed derived from integers (e.g. seed, epoch, rank) by NumPy's SeedSequence."""
     state = np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint32)
     return (int(state[0]) << 31) ^ int(state[1])
+
+
+# Tag that keeps dropout draws apart from every other seed derived from (seed, ...).
+_DROPOUT_STREAM = 0xD20
+_TABLE_KEY = 0x7FFFFFFF  # the key of the per-step table masks (chunk keys are chunk ids)
+
+
+def _keep(gen: torch.Generator, shape: tuple[int, ...], p: float) -> Tensor:
+    """Inverted-dropout multipliers of ``shape``: 0 with probability ``p``, else ``1/(1-p)``."""
+    return (torch.rand(shape, generator=gen) >= p).float().div_(1.0 - p)
 
 
 @dataclass
@@ -213,6 +223,7 @@ class Trainer:
         training: TrainingConfig,
         regularizer: RegularizerConfig,
         seed: int,
+        dropout: DropoutConfig | None = None,
         stream: int = 0,
         part: tuple[int, int] = (0, 1),
         callbacks: Sequence[Callback] = (),
@@ -229,6 +240,7 @@ class Trainer:
         # fp32 or bf16 score products (training.precision: auto decides by model and device)
         self.bf16 = resolve_precision(training.precision, model.spec.name, self.device) == "bf16"
         self.reg = regularizer
+        self.dropout = dropout if dropout is not None and dropout.active else None
         self.seed = seed
         self.stream = stream
         self.part = part
@@ -279,6 +291,41 @@ class Trainer:
     def generator(self, epoch: int) -> torch.Generator:
         """The generator of all random draws of ``epoch`` (1-based) of this random stream."""
         return torch.Generator().manual_seed(derive_seed(self.seed, epoch, self.stream))
+
+    # -- dropout --------------------------------------------------------------------------------
+    # Masks are drawn on the CPU from a generator seeded by (seed, stream, global step, key): a
+    # step's masks do not depend on the device, on how ranks split the step, or on a resume.
+    def _dropout_gen(self, key: int) -> torch.Generator:
+        seed = derive_seed(self.seed, self.stream, self.global_step, key, _DROPOUT_STREAM)
+        return torch.Generator().manual_seed(seed)
+
+    def _chunk_dropout(
+        self, chunk_ids: Tensor, c: int, n: int
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
+        """Multipliers for the heads, tails, negatives ``(k, c|n, d)`` and relations of the
+        negative-sampling chunks with global ids ``chunk_ids`` (one generator per chunk)."""
+        if self.dropout is None:
+            return None
+        pe, pr = self.dropout.entity, self.dropout.relation
+        de, dr = self.tables["entity"].shape[1], self.tables["relation"].shape[1]
+        parts: list[list[Tensor]] = [[], [], [], []]
+        for g in chunk_ids.tolist():
+            gen = self._dropout_gen(int(g))
+            draws = (_keep(gen, (c, de), pe), _keep(gen, (c, de), pe), _keep(gen, (n, de), pe))
+            for i, m in enumerate((*draws, _keep(gen, (c, dr), pr))):
+                parts[i].append(m)
+        h, t, neg, r = (torch.stack(p).to(self.device) for p in parts)
+        return h, t, neg, r
+
+    def _table_dropout(self, ent: Tensor, rel: Tensor, rel_rows: Tensor) -> tuple[Tensor, Tensor]:
+        """The whole entity table and the gathered relation rows with this step's dropout (one
+        mask per step for every rank, so the ranks of a split step agree)."""
+        if self.dropout is None:
+            return ent, rel
+        gen = self._dropout_gen(_TABLE_KEY)
+        ent = ent * _keep(gen, tuple(ent.shape), self.dropout.entity).to(self.device)
+        rel_mask = _keep(gen, tuple(self.tables["relation"].shape), self.dropout.relation)
+        return ent, rel * rel_mask.to(self.device)[rel_rows]
 
     # -- gradients ------------------------------------------------------------------------------
     def _gather(self, name: str, ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -378,6 +425,7 @@ class Trainer:
             ids = torch.arange(n_chunks, device=self.device)
             mine = ids[(ids + chunk_off) % count == index]
             chunk_neg = negatives[chunk_off + mine]
+            masks = self._chunk_dropout((chunk_off + mine).cpu(), c, n)
             chunk_off += n_chunks
             nc = int(mine.numel())
             if not nc:
@@ -392,6 +440,9 @@ class Trainer:
                 rel_ids = rel_ids + spec.num_relations  # head queries use the inverse relation
             r = gather("relation", rel_ids, (nc, c))
             cand = gather("entity", chunk_neg, (nc, n))
+            h_raw, r_raw, t_raw = h, r, t  # regularised before dropout
+            if masks is not None:
+                h, t, cand, r = h * masks[0], t * masks[1], cand * masks[2], r * masks[3]
             with self._scoring():
                 if side == "tail":
                     pos_score = inter.score(h, r, t)
@@ -417,7 +468,7 @@ class Trainer:
             if regularize:
                 flat = (nc * c, -1)
                 reg = self._regularization(
-                    h.reshape(flat), r.reshape(flat), t.reshape(flat), weights=weights
+                    h_raw.reshape(flat), r_raw.reshape(flat), t_raw.reshape(flat), weights=weights
                 )
                 total = total + reg / global_batch
         if leaves["entity"]:
@@ -468,6 +519,9 @@ class Trainer:
         rel_ids = torch.cat((r_id, r_id + spec.num_relations)) if spec.reciprocal else r_id
         rel_rows, rel, rel_inv = self._gather("relation", rel_ids)
         b = batch.shape[0]
+        reg_rows = (ent[h_id], rel[rel_inv[:b]], ent[t_id])  # regularised before dropout
+        ent_leaf, rel_leaf = ent, rel
+        ent, rel = self._table_dropout(ent, rel, rel_rows)
         h, t = ent[h_id], ent[t_id]
         r = rel[rel_inv[:b]]
         targets = torch.cat((t_id, h_id))
@@ -487,7 +541,15 @@ class Trainer:
                 block=max(64, min(1024, (1 << 23) // ent.shape[0])),
             )
             return self._finish_one_vs_all(
-                loss, h, r, t, ent_rows, ent, rel_rows, rel, b, global_queries, global_batch
+                loss,
+                reg_rows,
+                ent_rows,
+                ent_leaf,
+                rel_rows,
+                rel_leaf,
+                b,
+                global_queries,
+                global_batch,
             )
         # Tail queries (h, r, ?) then head queries (?, r, t); the loss takes all 2b rows at once
         # (slicing the score matrix would cost a zero-filled copy of it in the backward pass).
@@ -503,15 +565,21 @@ class Trainer:
             label_smoothing=self.cfg.label_smoothing,
         )
         return self._finish_one_vs_all(
-            per.sum(), h, r, t, ent_rows, ent, rel_rows, rel, b, global_queries, global_batch
+            per.sum(),
+            reg_rows,
+            ent_rows,
+            ent_leaf,
+            rel_rows,
+            rel_leaf,
+            b,
+            global_queries,
+            global_batch,
         )
 
     def _finish_one_vs_all(
         self,
         loss: Tensor,
-        h: Tensor,
-        r: Tensor,
-        t: Tensor,
+        reg_rows: tuple[Tensor, Tensor, Tensor],
         ent_rows: Tensor,
         ent: Tensor,
         rel_rows: Tensor,
@@ -522,7 +590,7 @@ class Trainer:
     ) -> StepResult:
         total = loss / global_queries
         if self.reg.type != "none" and self.reg.weight:
-            total = total + self._regularization(h, r, t) / global_batch
+            total = total + self._regularization(*reg_rows) / global_batch
         total.backward()
         return StepResult(
             loss_sum=float(loss.detach()),
@@ -536,7 +604,9 @@ class Trainer:
         idx = self.kvsall
         ent_rows, ent = self._all_entities()
         anchors, rels, sides = idx.anchor[queries], idx.relation[queries], idx.side[queries]
-        rel_rows, rel, rel_inv = self._gather("relation", rels)
+        rel_rows, rel_leaf, rel_inv = self._gather("relation", rels)
+        ent_leaf = ent
+        ent, rel = self._table_dropout(ent, rel_leaf, rel_rows)
         a, r = ent[anchors], rel[rel_inv]
         tail = (sides == 0).nonzero().squeeze(-1)
         head = (sides == 1).nonzero().squeeze(-1)
@@ -556,7 +626,10 @@ class Trainer:
         return StepResult(
             loss_sum=float(loss.detach()),
             queries=int(queries.shape[0]),
-            grads={"entity": _row_grad(ent_rows, ent), "relation": _row_grad(rel_rows, rel)},
+            grads={
+                "entity": _row_grad(ent_rows, ent_leaf),
+                "relation": _row_grad(rel_rows, rel_leaf),
+            },
         )
 
     # -- optimisation ---------------------------------------------------------------------------
