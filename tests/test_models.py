@@ -107,13 +107,29 @@ def test_build_is_deterministic_per_seed() -> None:
     assert float(a.relation.abs().max()) <= torch.pi
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["sliced", "compiled"])
 @pytest.mark.parametrize("shared", [True, False], ids=["chunks", "all-entities"])
-def test_rotate_sliced_candidates_match_the_materialised_form(shared: bool) -> None:
-    """RotatE scores candidates in cache-sized slices with a hand-written backward pass; values
-    and gradients equal autograd through the plain, fully materialised expression, across many
-    slices (g * b * k elements per candidate against a 2**19-element slice)."""
+def test_rotate_sliced_candidates_match_the_materialised_form(
+    shared: bool, compiled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RotatE scores candidates either in cache-sized slices with a hand-written backward pass
+    or with a torch.compile'd kernel; both give the values and gradients of autograd through
+    the plain, fully materialised expression (sliced: across many slices, g * b * k elements per
+    candidate against a 2**19-element slice)."""
+    from kgpipe.models import interactions
+
     torch.manual_seed(0)
-    inter = RotatE(margin=2.0)
+    inter = RotatE(margin=2.0, compiled=compiled)
+    used: list[bool] = []
+    fused = interactions._fused_modulus_sum
+
+    def spy(*args: torch.Tensor) -> torch.Tensor | None:
+        out = fused(*args)
+        used.append(out is not None)
+        return out
+
+    monkeypatch.setattr(interactions, "_fused_modulus_sum", spy)
+    monkeypatch.setattr(interactions, "COMPILE_MIN_ELEMENTS", 1 << 20)
     g, b, n, k = (3, 64, 700, 24) if shared else (1, 300, 5000, 16)
     h = torch.randn(g, b, 2 * k, dtype=torch.float64, requires_grad=True)
     r = torch.randn(g, b, k, dtype=torch.float64, requires_grad=True)
@@ -137,3 +153,30 @@ def test_rotate_sliced_candidates_match_the_materialised_form(shared: bool) -> N
         torch.testing.assert_close(got, want)
     with torch.no_grad():  # evaluation takes the same path
         torch.testing.assert_close(inter.score_tails(h, r, cand), slow)
+    assert used == ([True] * 2 if compiled else [])
+
+
+def test_rotate_falls_back_to_the_sliced_kernel_when_compiling_fails(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No C++ compiler (or any other torch.compile failure): one warning, then the eager
+    kernel, with the same scores."""
+    from kgpipe.models import interactions
+
+    def broken(*args: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("no working C++ compiler")
+
+    monkeypatch.setattr(interactions, "_compiled", broken)
+    monkeypatch.setattr(interactions, "_compile_failed", False)
+    monkeypatch.setattr(interactions, "COMPILE_MIN_ELEMENTS", 0)
+    h, r, cand = torch.randn(4, 8), torch.randn(4, 4), torch.randn(6, 8)
+    with caplog.at_level("WARNING", logger="kgpipe.models"):
+        got = RotatE(compiled=True).score_tails(h, r, cand)
+        again = RotatE(compiled=True).score_tails(h, r, cand)
+    torch.testing.assert_close(got, RotatE(compiled=False).score_tails(h, r, cand))
+    torch.testing.assert_close(again, got)
+    assert interactions._compile_failed
+    assert [rec.message for rec in caplog.records if "torch.compile" in rec.message] == [
+        "torch.compile of RotatE's distances failed; using the eager kernel: "
+        "no working C++ compiler"
+    ]
