@@ -223,7 +223,10 @@ def prepare_run(
     store = run_store(config)
     exists = store.exists("config.yaml")
     if exists and resume:
-        _check_resumable(store, config)
+        extended_from = _check_resumable(store, config)
+        if extended_from is not None:
+            say(f"extending {store.url} from {extended_from} to {config.training.epochs} epochs")
+            store.write_text("config.yaml", config_to_yaml(config))
         if _staged(store):
             info = store.read_json("data.json")
             run = StagedRun(
@@ -322,8 +325,19 @@ def run_exists_error(url: str) -> RunError:
     )
 
 
-def _check_resumable(store: Store, config: RunConfig) -> None:
+def _check_resumable(store: Store, config: RunConfig) -> int | None:
+    """Refuse to resume with a config that trains something else. Returns the stored epoch
+    count when the only change is ``training.epochs`` under a constant learning-rate schedule:
+    every epoch then trains the same whatever the total, so the run may go on to more epochs
+    (or stop earlier) and end as a fresh run with the new count would."""
     _, stored = open_run(store.url, config.run.storage_options)
+    old, new = stored.training, config.training
+    if old.epochs != new.epochs and old.schedule == new.schedule == "constant":
+        same_length = config.model_copy(
+            update={"training": new.model_copy(update={"epochs": old.epochs})}
+        )
+        if config_hash(same_length) == config_hash(stored):
+            return old.epochs
     if config_hash(stored) != config_hash(config):
         a, b = stored.model_dump(mode="json"), config.model_dump(mode="json")
         for d in (a, b):
@@ -332,8 +346,10 @@ def _check_resumable(store: Store, config: RunConfig) -> None:
         differ = [k for k in ("run", "data", "model", "training") if a[k] != b[k]]
         raise RunError(
             f"{store.url}: cannot resume: the config differs from the run's config.yaml in "
-            f"{', '.join(differ) or 'the seed'} (only {', '.join(RESUMABLE_CHANGES)} may change)"
+            f"{', '.join(differ) or 'the seed'} (only {', '.join(RESUMABLE_CHANGES)} may change, "
+            "and training.epochs under a constant learning-rate schedule)"
         )
+    return None
 
 
 def load_staged(store: Store) -> tuple[Tensor, Tensor, Tensor]:

@@ -191,6 +191,22 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
         train(_config(str(tmp_path), "a", training={"epochs": 1}, model={"dim": 16}), resume=True)
 
 
+def test_a_finished_run_extends_to_more_epochs_bit_identically(tmp_path: Path) -> None:
+    """Under a constant learning rate, training.epochs may grow on resume: 2 epochs, then
+    resumed to 4, end exactly as 4 epochs straight; a decaying schedule refuses."""
+    train(_config(str(tmp_path), "straight", training={"epochs": 4}))
+    train(_config(str(tmp_path), "grown", training={"epochs": 2}))
+    result = train(_config(str(tmp_path), "grown", training={"epochs": 4}), resume=True)
+    _assert_same_model(tmp_path / "straight", tmp_path / "grown")
+    assert [h.epoch for h in result.history] == [1, 2, 3, 4]
+    assert "epochs: 4" in (tmp_path / "grown" / "config.yaml").read_text()
+
+    cosine = {"epochs": 2, "schedule": "cosine"}
+    train(_config(str(tmp_path), "decay", training=cosine))
+    with pytest.raises(KgpipeError, match=r"cannot resume.*training"):
+        train(_config(str(tmp_path), "decay", training={**cosine, "epochs": 4}), resume=True)
+
+
 # -- the training process killed (kill -9), then run again with the same name -----------------------
 def test_killed_training_process_resumes_from_the_last_commit(
     tmp_path: Path, prefect_server: Any

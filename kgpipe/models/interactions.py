@@ -290,7 +290,8 @@ class RotatE(Interaction):
 
     def __init__(self, *, margin: float = 0.0, compiled: bool = True) -> None:
         self.margin = margin
-        # torch.compile the (query x candidate) distances of large calls (~10x on CPU)
+        # torch.compile the (query x candidate) distances of large calls (2x per training step
+        # on the 2-core Xeon, docs/benchmarks.md)
         self.compiled = compiled
 
     def relation_dim(self, dim: int) -> int:
