@@ -34,6 +34,15 @@ def _model(name: str, reciprocal: bool = False, dim: int = 6) -> KGEModel:
     )
 
 
+def _assert_grads_equal(grads: dict, entity: torch.Tensor, relation: torch.Tensor) -> None:
+    """Row gradients of a step equal dense reference gradients of the two tables."""
+    for table, ref in (("entity", entity), ("relation", relation)):
+        g = grads[table]
+        dense = torch.zeros_like(ref)
+        dense[g.rows] = g.values
+        torch.testing.assert_close(dense, ref, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("name", sorted(INTERACTIONS))
 @pytest.mark.parametrize("reciprocal", [False, True])
 @pytest.mark.parametrize("loss", ["margin", "softplus", "bce", "nssa", "cross_entropy"])
@@ -79,11 +88,7 @@ def test_shared_negative_gradients_equal_per_triple_reference(
         total = total + trainer._regularization(ent[h][None], rel[ri][None], ent[t][None]) / 11
     total.backward()
 
-    for table, ref in (("entity", ent.grad), ("relation", rel.grad)):
-        g = res.grads[table]
-        dense = torch.zeros_like(ref)
-        dense[g.rows] = g.values
-        torch.testing.assert_close(dense, ref, rtol=1e-4, atol=1e-6)
+    _assert_grads_equal(res.grads, ent.grad, rel.grad)
     assert res.queries == 11
 
 
@@ -132,11 +137,7 @@ def test_dropout_gradients_equal_masked_reference(name: str, reciprocal: bool) -
         total = total + per.sum() / 11
         total = total + trainer._regularization(ent[h][None], rel[ri][None], ent[t][None]) / 11
     total.backward()
-    for table, ref in (("entity", ent.grad), ("relation", rel.grad)):
-        g = res.grads[table]
-        dense = torch.zeros_like(ref)
-        dense[g.rows] = g.values
-        torch.testing.assert_close(dense, ref, rtol=1e-4, atol=1e-6)
+    _assert_grads_equal(res.grads, ent.grad, rel.grad)
 
 
 @pytest.mark.parametrize("mode", ["1vsall", "kvsall"])

@@ -540,40 +540,24 @@ class Trainer:
                 dtype=torch.bfloat16 if self.bf16 else None,
                 block=max(64, min(1024, (1 << 23) // ent.shape[0])),
             )
-            return self._finish_one_vs_all(
-                loss,
-                reg_rows,
-                ent_rows,
-                ent_leaf,
-                rel_rows,
-                rel_leaf,
-                b,
-                global_queries,
-                global_batch,
-            )
-        # Tail queries (h, r, ?) then head queries (?, r, t); the loss takes all 2b rows at once
-        # (slicing the score matrix would cost a zero-filled copy of it in the backward pass).
-        with self._scoring():
-            if spec.reciprocal:  # head queries as (t, r⁻¹, ?): one matrix product for both
-                scores = inter.score_tails(torch.cat((h, t)), torch.cat((r, rel[rel_inv[b:]])), ent)
-            else:
-                scores = torch.cat((inter.score_tails(h, r, ent), inter.score_heads(r, t, ent)))
-        per = one_vs_all_loss(
-            self.cfg.loss,
-            scores if self.cfg.loss == "cross_entropy" else scores.float(),
-            targets,
-            label_smoothing=self.cfg.label_smoothing,
-        )
+        else:
+            # Tail queries (h, r, ?) then head queries (?, r, t); the loss takes all 2b rows at
+            # once (slicing the score matrix would cost a zero-filled copy of it in backward).
+            with self._scoring():
+                if spec.reciprocal:  # head queries as (t, r⁻¹, ?): one product for both
+                    scores = inter.score_tails(
+                        torch.cat((h, t)), torch.cat((r, rel[rel_inv[b:]])), ent
+                    )
+                else:
+                    scores = torch.cat((inter.score_tails(h, r, ent), inter.score_heads(r, t, ent)))
+            loss = one_vs_all_loss(
+                self.cfg.loss,
+                scores if self.cfg.loss == "cross_entropy" else scores.float(),
+                targets,
+                label_smoothing=self.cfg.label_smoothing,
+            ).sum()
         return self._finish_one_vs_all(
-            per.sum(),
-            reg_rows,
-            ent_rows,
-            ent_leaf,
-            rel_rows,
-            rel_leaf,
-            b,
-            global_queries,
-            global_batch,
+            loss, reg_rows, ent_rows, ent_leaf, rel_rows, rel_leaf, b, global_queries, global_batch
         )
 
     def _finish_one_vs_all(
