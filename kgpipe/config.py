@@ -193,6 +193,11 @@ class ModelConfig(_Frozen):
     def _even_dim(self) -> ModelConfig:
         if self.name in ("complex", "rotate") and self.dim % 2:
             raise ValueError(f"model.dim must be even for {self.name} (got {self.dim})")
+        if self.name == "rotate" and self.dropout.relation:
+            raise ValueError(
+                "model.dropout.relation must be 0 for rotate: its relations are rotation phases, "
+                "and a dropped (zeroed, rescaled) phase is a different rotation, not a weaker one"
+            )
         return self
 
 

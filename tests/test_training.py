@@ -522,3 +522,11 @@ def test_dropout_masks_continue_bit_identically_after_a_resume() -> None:
     again.fit()
     assert torch.equal(resumed.entity, whole.entity)
     assert torch.equal(resumed.relation, whole.relation)
+
+
+def test_rotate_refuses_relation_dropout() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="rotation phases"):
+        ModelConfig(name="rotate", dim=8, dropout=DropoutConfig(relation=0.1))
+    ModelConfig(name="rotate", dim=8, dropout=DropoutConfig(entity=0.1))  # entities may drop
