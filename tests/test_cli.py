@@ -249,7 +249,8 @@ def test_shipped_config_smoke(config: str, tmp_path: Path, datasets_root: Path) 
         "--set", f"run.root={tmp_path}", "--set", "run.name=smoke",
         "--set", f"data.root={datasets_root}" if "umls" not in config else "data.root=null",
         "--set", "training.epochs=1", "--set", "training.max_steps_per_epoch=2",
-        "--set", "evaluation.every=0", "--set", "evaluation.test=false",
+        "--set", "evaluation.every=0", "--set", "evaluation.patience=null",
+        "--set", "evaluation.test=false",
     ])  # fmt: skip
     assert code == 0
     metrics = json.loads((tmp_path / "smoke" / "metrics.jsonl").read_text())
