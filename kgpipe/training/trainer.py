@@ -519,7 +519,12 @@ class Trainer:
         rel_ids = torch.cat((r_id, r_id + spec.num_relations)) if spec.reciprocal else r_id
         rel_rows, rel, rel_inv = self._gather("relation", rel_ids)
         b = batch.shape[0]
-        reg_rows = (ent[h_id], rel[rel_inv[:b]], ent[t_id])  # regularised before dropout
+        # regularised before dropout (gathered only when there is a penalty)
+        reg_rows = (
+            (ent[h_id], rel[rel_inv[:b]], ent[t_id])
+            if self.reg.type != "none" and self.reg.weight
+            else None
+        )
         ent_leaf, rel_leaf = ent, rel
         ent, rel = self._table_dropout(ent, rel, rel_rows)
         h, t = ent[h_id], ent[t_id]
@@ -563,7 +568,7 @@ class Trainer:
     def _finish_one_vs_all(
         self,
         loss: Tensor,
-        reg_rows: tuple[Tensor, Tensor, Tensor],
+        reg_rows: tuple[Tensor, Tensor, Tensor] | None,
         ent_rows: Tensor,
         ent: Tensor,
         rel_rows: Tensor,
@@ -573,7 +578,7 @@ class Trainer:
         global_batch: int,
     ) -> StepResult:
         total = loss / global_queries
-        if self.reg.type != "none" and self.reg.weight:
+        if reg_rows is not None:
             total = total + self._regularization(*reg_rows) / global_batch
         total.backward()
         return StepResult(
