@@ -190,7 +190,7 @@ class ModelConfig(_Frozen):
     dropout: DropoutConfig = Field(default_factory=DropoutConfig)
 
     @model_validator(mode="after")
-    def _even_dim(self) -> ModelConfig:
+    def _interaction_constraints(self) -> ModelConfig:
         if self.name in ("complex", "rotate") and self.dim % 2:
             raise ValueError(f"model.dim must be even for {self.name} (got {self.dim})")
         if self.name == "rotate" and self.dropout.relation:
