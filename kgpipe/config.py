@@ -258,6 +258,14 @@ class TrainingConfig(_Frozen):
         ge=1,
         description="Stop each epoch after this many steps (smoke tests, quick experiments).",
     )
+    allocator: Literal["retain", "system"] = Field(
+        default="retain",
+        description=(
+            "retain: the process keeps freed CPU buffers for the next step instead of returning "
+            "them to the OS after every step (glibc mallopt; 1.7x faster 1-vs-all steps on a "
+            "2-core CPU, the process keeps its peak memory). system: the C library's defaults."
+        ),
+    )
     deterministic: bool = Field(
         default=True,
         description=(

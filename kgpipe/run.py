@@ -37,7 +37,7 @@ from kgpipe.config import (
     parse_config,
 )
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
-from kgpipe.devices import resolve_device
+from kgpipe.devices import resolve_device, retain_freed_memory
 from kgpipe.distributed.sharding import read_manifest, read_shards, stage_shards
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
@@ -454,6 +454,8 @@ class Session:
         self.close()
         if config.training.threads:
             torch.set_num_threads(config.training.threads)
+        if config.training.allocator == "retain":
+            retain_freed_memory()
         model = KGEModel.build(
             config.model,
             num_entities=run.num_entities,
@@ -564,6 +566,8 @@ def finish_run(
     if config.evaluation.test and test.numel():
         say(f"evaluating on test ({test.shape[0]} triples, both sides)")
         index = FilterIndex.from_triples([train_all, valid, test], run.num_relations)
+        if config.training.allocator == "retain":
+            retain_freed_memory()  # (batch x entities) score blocks reuse their pages
         model.to(resolve_device(config.training.device))  # rank on the GPU if there is one
         results = _results(config, model, test, index, "test", eval_progress)
         model.cpu()

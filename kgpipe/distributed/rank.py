@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import parse_config
-from kgpipe.devices import process_group_backend, resolve_device
+from kgpipe.devices import process_group_backend, resolve_device, retain_freed_memory
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.distributed.sharding import read_manifest, read_shards
 from kgpipe.errors import CheckpointError
@@ -117,6 +117,8 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     if spec.threads:
         # OpenMP's thread count is per calling thread: set it in the thread that runs the task
         torch.set_num_threads(spec.threads)
+    if config.training.allocator == "retain":
+        retain_freed_memory()  # the worker process's heap: it outlives the task
     store = Store(spec.run_url, spec.storage_options)
     device = resolve_device(config.training.device, cluster=dcfg.cluster)
     if device.type == "cuda":
