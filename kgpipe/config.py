@@ -505,6 +505,7 @@ def config_hash(config: RunConfig) -> str:
     # where precision auto can resolve differently (and older runs have no precision at all)
     data["training"].pop("precision", None)
     data["training"].pop("device", None)
+    data["training"].pop("allocator", None)  # where freed memory goes, not what is trained
     if not config.model.dropout.active:  # runs from before dropout existed keep their hash
         data["model"].pop("dropout", None)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
