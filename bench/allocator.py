@@ -31,27 +31,17 @@ VARIANTS = ("system", "retain")
 
 def measure(args: argparse.Namespace) -> None:
     """One timed pass in this process."""
-    sys.path.insert(0, str(REPO))
+    sys.path[:0] = [str(REPO), str(REPO / "bench")]
+    from common import timed_training
+
     from kgpipe.config import load_config
-    from kgpipe.data import load_dataset
     from kgpipe.devices import retain_freed_memory
     from kgpipe.evaluation import FilterIndex, evaluate
-    from kgpipe.models import KGEModel
-    from kgpipe.training import Trainer
 
     if args.variant == "retain" and not retain_freed_memory():
         raise SystemExit("retain_freed_memory() is not available on this platform")
     cfg = load_config(args.configs[0], args.set)
-    ds = load_dataset(cfg.data)
-    model = KGEModel.build(
-        cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0
-    )
-    subset = ds.train[: cfg.training.batch_size * args.steps]
-    trainer = Trainer(
-        model, subset, training=cfg.training, regularizer=cfg.model.regularizer, seed=0
-    )
-    trainer.train_epoch()  # warm-up
-    stats = trainer.train_epoch()
+    ds, model, stats = timed_training(cfg, args.steps)
     index = FilterIndex.from_triples([ds.train, ds.valid, ds.test], ds.num_relations)
     valid = ds.valid[: args.eval]
     evaluate(model, valid[:64], index, batch_size=cfg.evaluation.batch_size)  # warm-up

@@ -31,6 +31,29 @@ def hardware() -> dict[str, Any]:
     }
 
 
+def timed_training(cfg: Any, steps: int) -> tuple[Any, Any, Any]:
+    """Train ``cfg`` on the first ``steps`` batches of its training triples: one warm-up pass,
+    then one timed pass. Returns the data set, the model and the timed pass's epoch statistics.
+
+    ``kgpipe`` is imported here, so a caller that put another checkout first on ``sys.path``
+    times that checkout's code.
+    """
+    from kgpipe.data import load_dataset
+    from kgpipe.models import KGEModel
+    from kgpipe.training import Trainer
+
+    ds = load_dataset(cfg.data)
+    model = KGEModel.build(
+        cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0
+    )
+    subset = ds.train[: cfg.training.batch_size * steps]
+    trainer = Trainer(
+        model, subset, training=cfg.training, regularizer=cfg.model.regularizer, seed=0
+    )
+    trainer.train_epoch()  # warm-up
+    return ds, model, trainer.train_epoch()
+
+
 def commit() -> str:
     try:
         out = subprocess.run(

@@ -37,10 +37,10 @@ REPO = Path(__file__).resolve().parents[1]
 def measure(args: argparse.Namespace) -> None:
     """One timed pass in this process (the package of ``--src`` first on the path)."""
     sys.path.insert(0, args.src)
+    sys.path.insert(1, str(REPO / "bench"))
+    from common import timed_training
+
     from kgpipe.config import load_config
-    from kgpipe.data import load_dataset
-    from kgpipe.models import KGEModel
-    from kgpipe.training import Trainer
 
     overrides = list(args.set)
     config = args.config
@@ -61,16 +61,7 @@ def measure(args: argparse.Namespace) -> None:
     finally:
         if config != args.config:
             os.unlink(config)
-    ds = load_dataset(cfg.data)
-    model = KGEModel.build(
-        cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0
-    )
-    subset = ds.train[: cfg.training.batch_size * args.steps]
-    trainer = Trainer(
-        model, subset, training=cfg.training, regularizer=cfg.model.regularizer, seed=0
-    )
-    trainer.train_epoch()  # warm-up
-    stats = trainer.train_epoch()
+    _, _, stats = timed_training(cfg, args.steps)
     print(json.dumps({"triples_per_s": stats.triples_per_s, "seconds": stats.seconds}))
 
 
