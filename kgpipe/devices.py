@@ -104,8 +104,8 @@ def retain_freed_memory() -> bool:
     (batch x entities) score matrix of hundreds of MiB page-faults all of it in again on every
     step: on a 2-core AMD EPYC half of a WN18RR 1-vs-all step was kernel time. Raising the mmap
     and trim thresholds (``mallopt``, what ``MALLOC_MMAP_THRESHOLD_`` does from the
-    environment) lets the next step reuse the pages: 1.7x more 1-vs-all triples/s there
-    (docs/benchmarks.md). The price is that the process keeps its peak heap instead of
+    environment) lets the next step reuse the pages: 1.5-1.8x more 1-vs-all triples/s there
+    (docs/benchmarks.md, bench/allocator.py). The price is that the process keeps its peak heap instead of
     shrinking between steps.
 
     Applies to the whole process, once; a no-op (``False``) off Linux or without glibc.
