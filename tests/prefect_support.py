@@ -235,6 +235,7 @@ def use_prefect_server(server: PrefectServer) -> Iterator[PrefectServer]:
             else:
                 updates = {_SETTING_KEYS[k]: v for k, v in server.env.items() if k in _SETTING_KEYS}
                 stack.enter_context(temporary_settings(updates=updates))
+                stack.callback(_drain_prefect_workers)  # runs first, while still pointed here
             yield server
     finally:
         for k, v in saved.items():
@@ -242,6 +243,18 @@ def use_prefect_server(server: PrefectServer) -> Iterator[PrefectServer]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def _drain_prefect_workers() -> None:
+    """Deliver the logs and events this process has queued for the server before the test lets
+    go of it (what `prefect.testing.utilities.prefect_test_harness` does): else Prefect's
+    at-exit flush sends them after the session's server has stopped and prints
+    "--- Error logging to API --- All connection attempts failed"."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=30)
+    EventsWorker.drain_all(timeout=30)
 
 
 # -- headless Chromium ------------------------------------------------------------------------------
