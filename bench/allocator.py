@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/allocator.py configs/wn18rr-distmult.yaml configs/fb15k237-complex.yaml \\
         configs/wn18rr-rotate.yaml configs/fb15k237-transe.yaml --set data.root=../shared/datasets \\
-        --steps 10 --rounds 3 --json bench/results/allocator.json
+        --steps 10 --rounds 2 --json bench/results/allocator.json
 
 Every measurement is a fresh process (the allocator setting is process-wide): it loads the data
 set, builds the model and trainer on the first ``--steps`` batches of the training triples, sets
