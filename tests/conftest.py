@@ -177,3 +177,18 @@ def prefect_env(prefect_server: PrefectServer) -> Iterator[PrefectServer]:
     (PREFECT_API_URL, ...) in os.environ and in Prefect's in-process settings context."""
     with use_prefect_server(prefect_server):
         yield prefect_server
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the temporary Prefect servers that in-process flows started (tests without
+    `prefect_env`), while pytest still captures output. Prefect stops them at interpreter exit,
+    after pytest has closed its capture streams, and its "Stopping temporary server" log line
+    then fails with "--- Logging error --- ValueError: I/O operation on closed file"."""
+    server_module = sys.modules.get("prefect.server.api.server")
+    if server_module is None:  # no flow ran in this process
+        return
+    from prefect_support import drain_prefect_workers
+
+    drain_prefect_workers()  # logs queued for a temporary server go to it before it stops
+    for server in list(server_module.SubprocessASGIServer._instances.values()):
+        server.stop()

@@ -235,7 +235,7 @@ def use_prefect_server(server: PrefectServer) -> Iterator[PrefectServer]:
             else:
                 updates = {_SETTING_KEYS[k]: v for k, v in server.env.items() if k in _SETTING_KEYS}
                 stack.enter_context(temporary_settings(updates=updates))
-                stack.callback(_drain_prefect_workers)  # runs first, while still pointed here
+                stack.callback(drain_prefect_workers)  # runs first, while still pointed here
             yield server
     finally:
         for k, v in saved.items():
@@ -245,7 +245,7 @@ def use_prefect_server(server: PrefectServer) -> Iterator[PrefectServer]:
                 os.environ[k] = v
 
 
-def _drain_prefect_workers() -> None:
+def drain_prefect_workers() -> None:
     """Deliver the logs and events this process has queued for the server before the test lets
     go of it (what `prefect.testing.utilities.prefect_test_harness` does): else Prefect's
     at-exit flush sends them after the session's server has stopped and prints
