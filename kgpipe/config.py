@@ -201,6 +201,26 @@ class ModelConfig(_Frozen):
         return self
 
 
+class PlateauConfig(_Frozen):
+    """``training.schedule: plateau``: cut the learning rate when validation stops improving
+    (torch's ReduceLROnPlateau on the valid MRR, one step per validation)."""
+
+    factor: float = Field(
+        default=0.5, gt=0.0, lt=1.0, description="Multiply the learning rate by this on a plateau."
+    )
+    patience: int = Field(
+        default=2,
+        ge=0,
+        description="Validations without improvement that are tolerated before each cut.",
+    )
+    threshold: float = Field(
+        default=1e-4,
+        ge=0.0,
+        description="Relative gain over the best valid MRR so far that counts as improvement.",
+    )
+    min_lr: float = Field(default=0.0, ge=0.0, description="Never cut below this rate.")
+
+
 class TrainingConfig(_Frozen):
     """How the model is trained."""
 
@@ -244,9 +264,15 @@ class TrainingConfig(_Frozen):
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="Adam betas.")
     eps: float = Field(default=1e-8, gt=0.0, description="Optimiser epsilon.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warm-up steps.")
-    schedule: Literal["constant", "cosine", "linear"] = Field(
-        default="constant", description="Learning-rate decay after warm-up."
+    schedule: Literal["constant", "cosine", "linear", "plateau"] = Field(
+        default="constant",
+        description=(
+            "Learning-rate decay after warm-up: constant, cosine or linear to 0 at the last "
+            "step, or plateau (cut by `plateau.factor` when the valid MRR stalls; needs "
+            "evaluation.every)."
+        ),
     )
+    plateau: PlateauConfig = Field(default_factory=PlateauConfig)
     clip_grad_norm: float | None = Field(
         default=None, gt=0.0, description="Clip the global gradient norm to this value."
     )
@@ -468,6 +494,15 @@ class RunConfig(_Frozen):
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
 
     @model_validator(mode="after")
+    def _plateau(self) -> RunConfig:
+        if self.training.schedule == "plateau" and not self.evaluation.every:
+            raise ValueError(
+                "training.schedule=plateau needs evaluation.every > 0: the learning rate is cut "
+                "when the valid MRR stops improving"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _precision(self) -> RunConfig:
         if self.training.precision == "bf16" and self.model.name not in ("distmult", "complex"):
             raise ValueError(
@@ -507,6 +542,14 @@ def config_hash(config: RunConfig) -> str:
     data["training"].pop("precision", None)
     data["training"].pop("device", None)
     data["training"].pop("allocator", None)  # where freed memory goes, not what is trained
+    if config.training.schedule == "plateau":
+        # the validations drive the learning rate: when and on what they run is training
+        data["evaluation"] = {
+            "every": config.evaluation.every,
+            "sampled": config.evaluation.sampled,
+        }
+    else:  # runs from before the plateau schedule keep their hash
+        data["training"].pop("plateau", None)
     if not config.model.dropout.active:  # runs from before dropout existed keep their hash
         data["model"].pop("dropout", None)
     blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()

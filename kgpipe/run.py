@@ -327,12 +327,12 @@ def run_exists_error(url: str) -> RunError:
 
 def _check_resumable(store: Store, config: RunConfig) -> int | None:
     """Refuse to resume with a config that trains something else. Returns the stored epoch
-    count when the only change is ``training.epochs`` under a constant learning-rate schedule:
-    every epoch then trains the same whatever the total, so the run may go on to more epochs
-    (or stop earlier) and end as a fresh run with the new count would."""
+    count when the only change is ``training.epochs`` under a constant or plateau learning-rate
+    schedule: every epoch then trains the same whatever the total, so the run may go on to more
+    epochs (or stop earlier) and end as a fresh run with the new count would."""
     _, stored = open_run(store.url, config.run.storage_options)
     old, new = stored.training, config.training
-    if old.epochs != new.epochs and old.schedule == new.schedule == "constant":
+    if old.epochs != new.epochs and old.schedule == new.schedule in ("constant", "plateau"):
         same_length = config.model_copy(
             update={"training": new.model_copy(update={"epochs": old.epochs})}
         )
@@ -344,10 +344,12 @@ def _check_resumable(store: Store, config: RunConfig) -> int | None:
             d["run"] = {"seed": d["run"]["seed"]}
             d["data"].pop("storage_options")
         differ = [k for k in ("run", "data", "model", "training") if a[k] != b[k]]
+        if not differ and a["evaluation"] != b["evaluation"]:
+            differ = ["evaluation (its validations drive training.schedule=plateau)"]
         raise RunError(
             f"{store.url}: cannot resume: the config differs from the run's config.yaml in "
             f"{', '.join(differ) or 'the seed'} (only {', '.join(RESUMABLE_CHANGES)} may change, "
-            "and training.epochs under a constant learning-rate schedule)"
+            "and training.epochs under a constant or plateau learning-rate schedule)"
         )
     return None
 

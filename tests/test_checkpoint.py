@@ -207,6 +207,36 @@ def test_a_finished_run_extends_to_more_epochs_bit_identically(tmp_path: Path) -
         train(_config(str(tmp_path), "decay", training={**cosine, "epochs": 4}), resume=True)
 
 
+def test_plateau_schedule_cuts_the_rate_and_resumes_bit_identically(tmp_path: Path) -> None:
+    """schedule=plateau with a threshold no validation can meet: the rate halves after every
+    validation but the first. Its rate comes from the validation history, so a run of 2 epochs
+    resumed to 4 ends exactly as 4 straight; a changed evaluation.every is refused."""
+    plateau = {
+        "epochs": 4,
+        "schedule": "plateau",
+        "plateau": {"factor": 0.5, "patience": 0, "threshold": 10.0},
+    }
+    every = {"test": False, "every": 1}
+    train(_config(str(tmp_path), "straight", training=plateau, evaluation=every))
+    rows = [
+        json.loads(x) for x in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["lr"] for r in rows] == [0.01, 0.01, 0.005, 0.0025]
+    assert all("valid_mrr" in r for r in rows)
+
+    two = {**plateau, "epochs": 2}
+    train(_config(str(tmp_path), "grown", training=two, evaluation=every))
+    result = train(_config(str(tmp_path), "grown", training=plateau, evaluation=every), resume=True)
+    _assert_same_model(tmp_path / "straight", tmp_path / "grown")
+    assert [h.lr for h in result.history] == [0.01, 0.01, 0.005, 0.0025]
+
+    with pytest.raises(KgpipeError, match=r"cannot resume.*evaluation"):
+        train(
+            _config(str(tmp_path), "grown", training=plateau, evaluation={"every": 2}),
+            resume=True,
+        )
+
+
 # -- the training process killed (kill -9), then run again with the same name -----------------------
 def test_killed_training_process_resumes_from_the_last_commit(
     tmp_path: Path, prefect_server: Any

@@ -192,11 +192,14 @@ def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str)
         ("distributed.workers=0", "distributed.workers"),
         ("distributed.sync=async", "distributed.sync"),
         ("training.precision=fp16", "training.precision"),
+        ("training.schedule=plateau evaluation.every=0", "plateau needs evaluation.every > 0"),
+        ("training.plateau.factor=2", "training.plateau.factor"),
     ],
 )
 def test_bad_config_names_the_path(tmp_path: Path, override: str, message: str) -> None:
     cfg = _config(tmp_path)
-    proc = _run_cli("train", "-c", str(cfg), "--set", override, cwd=tmp_path)
+    sets = [arg for item in override.split() for arg in ("--set", item)]
+    proc = _run_cli("train", "-c", str(cfg), *sets, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert message in " ".join(proc.stderr.split())
     assert "Traceback" not in proc.stderr

@@ -62,6 +62,27 @@ def test_step_sync_equals_single_process(tmp_path: Path, model: str, exchange: s
     assert all(m["bytes_sent"] > 0 and m["comm_seconds"] >= 0 for m in metrics)
 
 
+def test_plateau_schedule_step_sync_equals_single_process(tmp_path: Path) -> None:
+    """Under schedule=plateau every rank takes its rate from the validation history of the
+    checkpoint its gang starts from (rank 0 alone validates): 2 ranks still end where one
+    process ends, through two cuts of the rate."""
+    sections = {
+        "model": {"name": "complex", "dim": 32, "init": "uniform", "init_scale": 0.1},
+        "training": {"epochs": 3, "batch_size": 512, "negatives": 32, "chunk_size": 64,
+                     "loss": "margin", "lr": 0.01, "schedule": "plateau",
+                     "plateau": {"factor": 0.5, "patience": 0, "threshold": 10.0}},
+        "evaluation": {"test": False, "every": 1, "sampled": 50},
+    }  # fmt: skip
+    single = _run(tmp_path, "single", **sections)
+    gang = _run(tmp_path, "gang", **sections, distributed={"workers": 2, "sync": "step"})
+    for key in ("entity", "relation"):
+        diff = (single[key] - gang[key]).abs().max().item()
+        assert diff <= 1e-5, (key, diff)
+    for name in ("single", "gang"):
+        rows = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(x)["lr"] for x in rows] == [0.01, 0.01, 0.005], name
+
+
 def test_cluster_spec_is_pure() -> None:
     cfg = parse_config({**BASE, "distributed": {"workers": 2}}).distributed
     kw = cluster_kwargs(cfg)

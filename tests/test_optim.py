@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad, lr_at
+from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad, lr_at, plateau_lr
 
 
 def _steps(
@@ -96,3 +96,16 @@ def test_lr_schedule() -> None:
     assert lr_at(9, schedule="cosine", **kw) == pytest.approx(0.5)
     assert lr_at(14, schedule="linear", **kw) == pytest.approx(0.0)
     assert lr_at(9, schedule="linear", **kw) == pytest.approx(0.5)
+
+
+def test_plateau_lr_follows_the_validation_history() -> None:
+    """Hand-replayed: patience 1 and a 0.1 % relative threshold cut the rate after the second
+    validation in a row that is not 0.1 % above the best so far."""
+    scores = [0.30, 0.31, 0.3101, 0.309, 0.32, 0.32, 0.32]
+    kw = {"factor": 0.5, "patience": 1, "threshold": 1e-3}
+    rates = [plateau_lr(1.0, scores[:n], **kw) for n in range(len(scores) + 1)]
+    assert rates == [1.0, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.25]
+    assert plateau_lr(1.0, scores, min_lr=0.4, **kw) == 0.4
+    assert plateau_lr(0.2, [0.1] * 4, factor=0.1, patience=0, threshold=0.0) == pytest.approx(
+        0.2 * 0.1**3
+    )

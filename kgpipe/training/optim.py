@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -139,6 +140,38 @@ def build_optimizer(
     if name == "adagrad":
         return RowAdagrad(tables, lr=lr, eps=eps)
     raise ValueError(f"unknown optimizer {name!r}; known: adagrad, adam")
+
+
+def plateau_lr(
+    base: float,
+    scores: Sequence[float],
+    *,
+    factor: float,
+    patience: int,
+    threshold: float,
+    min_lr: float = 0.0,
+) -> float:
+    """The learning rate after the validation ``scores`` so far (higher is better) under
+    torch's ``ReduceLROnPlateau`` (mode max, relative threshold, no cooldown), starting at
+    ``base``.
+
+    The rate is a function of the validation history alone, which checkpoints carry: a resumed
+    run, and every rank of a gang, arrive at the same rate without a scheduler state of their
+    own. torch's scheduler is replayed on a stand-in optimiser so its rule is used as is.
+    """
+    holder = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
+        holder,
+        mode="max",
+        factor=factor,
+        patience=patience,
+        threshold=threshold,
+        threshold_mode="rel",
+        min_lr=min_lr,
+    )
+    for score in scores:
+        scheduler.step(float(score))
+    return float(holder.param_groups[0]["lr"])
 
 
 def lr_at(step: int, *, base: float, warmup_steps: int, total_steps: int, schedule: str) -> float:

@@ -43,7 +43,7 @@ from kgpipe.training.losses import (
     negative_sampling_loss,
     one_vs_all_loss,
 )
-from kgpipe.training.optim import RowGrad, RowOptimizer, build_optimizer, lr_at
+from kgpipe.training.optim import RowGrad, RowOptimizer, build_optimizer, lr_at, plateau_lr
 
 __all__ = [
     "Callback",
@@ -260,6 +260,7 @@ class Trainer:
         self.epoch = 0  # epochs completed
         self.global_step = 0
         self.history: list[EpochStats] = []
+        self._plateau_cache: tuple[list[float], float] | None = None
         self.stop_requested = False
         self.exchange.bind(self)
 
@@ -280,6 +281,14 @@ class Trainer:
 
     def current_lr(self) -> float:
         c = self.cfg
+        if c.schedule == "plateau":
+            return lr_at(
+                self.global_step,
+                base=self._plateau_base(),
+                warmup_steps=c.warmup_steps,
+                total_steps=self.total_steps,
+                schedule="constant",
+            )
         return lr_at(
             self.global_step,
             base=c.lr,
@@ -287,6 +296,23 @@ class Trainer:
             total_steps=self.total_steps,
             schedule=c.schedule,
         )
+
+    def _plateau_base(self) -> float:
+        """The rate the valid MRRs in :attr:`history` leave (``schedule: plateau``); cached
+        until a validation is added."""
+        scores = [float(s.extra["valid_mrr"]) for s in self.history if "valid_mrr" in s.extra]
+        if self._plateau_cache is None or self._plateau_cache[0] != scores:
+            p = self.cfg.plateau
+            rate = plateau_lr(
+                self.cfg.lr,
+                scores,
+                factor=p.factor,
+                patience=p.patience,
+                threshold=p.threshold,
+                min_lr=p.min_lr,
+            )
+            self._plateau_cache = (scores, rate)
+        return self._plateau_cache[1]
 
     def generator(self, epoch: int) -> torch.Generator:
         """The generator of all random draws of ``epoch`` (1-based) of this random stream."""
