@@ -484,6 +484,25 @@ def test_dropout_enters_the_config_hash_only_when_active() -> None:
     assert config_hash(dropped) != config_hash(base)
 
 
+def test_plateau_settings_and_validations_enter_the_config_hash_only_under_plateau() -> None:
+    from kgpipe.config import RunConfig, config_hash
+
+    def cfg(training: dict, every: int = 5) -> RunConfig:
+        return RunConfig.model_validate(
+            {"data": {"dataset": "umls"}, "training": training, "evaluation": {"every": every}}
+        )
+
+    constant = cfg({})
+    assert config_hash(constant) == config_hash(cfg({"plateau": {"factor": 0.1}}))
+    assert config_hash(constant) == config_hash(cfg({}, every=2))  # validations: not training
+    plateau = cfg({"schedule": "plateau"})
+    assert config_hash(plateau) != config_hash(constant)
+    assert config_hash(plateau) != config_hash(cfg({"schedule": "plateau"}, every=2))
+    assert config_hash(plateau) != config_hash(
+        cfg({"schedule": "plateau", "plateau": {"factor": 0.1}})
+    )
+
+
 def test_dropout_training_is_seeded_and_differs_from_no_dropout() -> None:
     cfg = TrainingConfig(batch_size=8, negatives=4, chunk_size=4, epochs=2, loss="cross_entropy")
     train = _triples(40)
