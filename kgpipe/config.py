@@ -495,10 +495,19 @@ class RunConfig(_Frozen):
 
     @model_validator(mode="after")
     def _plateau(self) -> RunConfig:
-        if self.training.schedule == "plateau" and not self.evaluation.every:
+        if self.training.schedule != "plateau":
+            return self
+        if not self.evaluation.every:
             raise ValueError(
                 "training.schedule=plateau needs evaluation.every > 0: the learning rate is cut "
                 "when the valid MRR stops improving"
+            )
+        cut_after = self.training.plateau.patience + 1  # stalled validations before a cut
+        if self.evaluation.patience and self.evaluation.patience <= cut_after:
+            raise ValueError(
+                f"evaluation.patience ({self.evaluation.patience}) must exceed "
+                f"training.plateau.patience + 1 ({cut_after}) under training.schedule=plateau: "
+                "early stopping would end the run before a cut learning rate is ever used"
             )
         return self
 
@@ -522,13 +531,16 @@ class RunConfig(_Frozen):
         return self.model_copy(update={"run": self.run.model_copy(update={"name": name})})
 
 
-# Sections that may differ between a run and its resumption (how it runs, not what it computes).
+# Sections that may differ between a run and its resumption (how it runs, not what it computes;
+# under training.schedule=plateau, evaluation.every and .sampled drive the learning rate and
+# may not change).
 RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation")
 
 
 def config_hash(config: RunConfig) -> str:
     """SHA-256 of what determines the trained parameters: everything but the run's placement
-    (``run.root``, ``run.name``, storage options) and :data:`RESUMABLE_CHANGES`."""
+    (``run.root``, ``run.name``, storage options) and :data:`RESUMABLE_CHANGES` (less
+    ``evaluation.every`` and ``.sampled`` under ``training.schedule: plateau``)."""
     import hashlib
     import json
 

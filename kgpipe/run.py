@@ -39,7 +39,7 @@ from kgpipe.config import (
 from kgpipe.data import TripleDataset, Vocabulary, load_dataset
 from kgpipe.devices import resolve_device, retain_freed_memory
 from kgpipe.distributed.sharding import read_manifest, read_shards, stage_shards
-from kgpipe.errors import RunError
+from kgpipe.errors import ConfigError, RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, load_model, save_model
 from kgpipe.models.model import KGEModel
@@ -251,6 +251,11 @@ def prepare_run(
         raise run_exists_error(store.url)
     dataset = load_dataset(config.data)  # every input error surfaces here, before any write
     say(dataset.summary())
+    if config.training.schedule == "plateau" and dataset.valid.numel() == 0:
+        raise ConfigError(
+            f"training.schedule=plateau needs validation triples, and the valid split "
+            f"({config.data.valid or config.data.dataset}) has none"
+        )
     if exists:
         store.remove()
 
@@ -337,6 +342,7 @@ def _check_resumable(store: Store, config: RunConfig) -> int | None:
             update={"training": new.model_copy(update={"epochs": old.epochs})}
         )
         if config_hash(same_length) == config_hash(stored):
+            _check_extension(store, config, old.epochs)
             return old.epochs
     if config_hash(stored) != config_hash(config):
         a, b = stored.model_dump(mode="json"), config.model_dump(mode="json")
@@ -345,13 +351,39 @@ def _check_resumable(store: Store, config: RunConfig) -> int | None:
             d["data"].pop("storage_options")
         differ = [k for k in ("run", "data", "model", "training") if a[k] != b[k]]
         if not differ and a["evaluation"] != b["evaluation"]:
-            differ = ["evaluation (its validations drive training.schedule=plateau)"]
+            differ = ["evaluation.every or .sampled (validations drive schedule=plateau)"]
         raise RunError(
             f"{store.url}: cannot resume: the config differs from the run's config.yaml in "
-            f"{', '.join(differ) or 'the seed'} (only {', '.join(RESUMABLE_CHANGES)} may change, "
-            "and training.epochs under a constant or plateau learning-rate schedule)"
+            f"{', '.join(differ) or 'the seed'} (only {', '.join(RESUMABLE_CHANGES)} may change "
+            "-- evaluation.every and .sampled not under training.schedule=plateau -- and "
+            "training.epochs under a constant or plateau learning-rate schedule)"
         )
     return None
+
+
+def _check_extension(store: Store, config: RunConfig, old_epochs: int) -> None:
+    """Refuse to change ``training.epochs`` of a run that validated at its last epoch off the
+    ``evaluation.every`` grid (a run ends with a validation) when validations steer training:
+    a run started with the new count would not have made it, and under the plateau schedule it
+    changes the learning rate, under early stopping when the run stops."""
+    every = config.evaluation.every
+    if not every or not (config.training.schedule == "plateau" or config.evaluation.patience):
+        return
+    committed = CheckpointStore(store).committed()
+    history = committed[-1].manifest["history"] if committed else []
+    off_grid = [h["epoch"] for h in history if "valid_mrr" in h and h["epoch"] % every]
+    if off_grid:
+        steer = (
+            "training.schedule=plateau"
+            if config.training.schedule == "plateau"
+            else "early stopping"
+        )
+        raise RunError(
+            f"{store.url}: cannot change training.epochs from {old_epochs} to "
+            f"{config.training.epochs}: the run validated at epoch {off_grid[0]}, off the "
+            f"evaluation.every={every} grid (its last epoch), and under {steer} that validation "
+            "changes how the run goes on; start a new run with the new count"
+        )
 
 
 def load_staged(store: Store) -> tuple[Tensor, Tensor, Tensor]:

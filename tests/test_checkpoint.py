@@ -237,6 +237,32 @@ def test_plateau_schedule_cuts_the_rate_and_resumes_bit_identically(tmp_path: Pa
         )
 
 
+def test_plateau_run_refuses_an_extension_after_an_off_grid_validation(tmp_path: Path) -> None:
+    """3 epochs validated every 2 validate at 2 and at the last epoch, 3; a 5-epoch run would
+    validate at 2 and 4 only, so growing the 3-epoch run to 5 would cut the rate differently."""
+    plateau = {"epochs": 3, "schedule": "plateau", "plateau": {"patience": 0, "threshold": 10.0}}
+    every = {"test": False, "every": 2}
+    train(_config(str(tmp_path), "r", training=plateau, evaluation=every))
+    with pytest.raises(KgpipeError, match=r"validated at epoch 3, off the evaluation.every=2 grid"):
+        train(_config(str(tmp_path), "r", training={**plateau, "epochs": 5}, evaluation=every),
+              resume=True)  # fmt: skip
+
+
+def test_plateau_schedule_needs_validation_triples(tmp_path: Path) -> None:
+    (tmp_path / "train.tsv").write_text("a\tr\tb\nb\tr\tc\n")
+    config = parse_config(
+        {
+            "run": {"root": str(tmp_path / "runs"), "name": "p"},
+            "data": {"train": str(tmp_path / "train.tsv")},
+            "training": {"schedule": "plateau", "epochs": 1},
+            "evaluation": {"every": 1},
+        }
+    )
+    with pytest.raises(KgpipeError, match=r"plateau needs validation triples"):
+        train(config)
+    assert not (tmp_path / "runs").exists()
+
+
 # -- the training process killed (kill -9), then run again with the same name -----------------------
 def test_killed_training_process_resumes_from_the_last_commit(
     tmp_path: Path, prefect_server: Any

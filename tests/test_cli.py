@@ -194,6 +194,10 @@ def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str)
         ("training.precision=fp16", "training.precision"),
         ("training.schedule=plateau evaluation.every=0", "plateau needs evaluation.every > 0"),
         ("training.plateau.factor=2", "training.plateau.factor"),
+        (
+            "training.schedule=plateau evaluation.patience=3",
+            "evaluation.patience (3) must exceed training.plateau.patience + 1 (3)",
+        ),
     ],
 )
 def test_bad_config_names_the_path(tmp_path: Path, override: str, message: str) -> None:
