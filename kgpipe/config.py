@@ -323,8 +323,8 @@ class TrainingConfig(_Frozen):
     def _mode_loss(self) -> TrainingConfig:
         if self.mode == "1vsall" and self.loss not in ("cross_entropy", "bce"):
             raise ValueError("training.mode=1vsall needs training.loss cross_entropy or bce")
-        if self.mode == "kvsall" and self.loss != "bce":
-            raise ValueError("training.mode=kvsall needs training.loss=bce")
+        if self.mode == "kvsall" and self.loss not in ("cross_entropy", "bce"):
+            raise ValueError("training.mode=kvsall needs training.loss cross_entropy or bce")
         return self
 
 

@@ -188,7 +188,7 @@ def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str)
         ("training.epochs=-1", "training.epochs: Input should be greater than or equal to 0"),
         ("model.name=transr", "model.name"),
         ("model.dim=7", "model.dim must be even"),
-        ("training.mode=kvsall", "kvsall needs training.loss=bce"),
+        ("training.mode=kvsall training.loss=margin", "kvsall needs training.loss cross_entropy"),
         ("distributed.workers=0", "distributed.workers"),
         ("distributed.sync=async", "distributed.sync"),
         ("training.precision=fp16", "training.precision"),

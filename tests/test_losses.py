@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kgpipe.training.losses import linear_softmax_cross_entropy, softmax_cross_entropy
+from kgpipe.training.losses import (
+    linear_softmax_cross_entropy,
+    one_vs_all_loss,
+    softmax_cross_entropy,
+)
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -60,3 +64,22 @@ def test_linear_softmax_cross_entropy_bf16_is_close_to_fp32() -> None:
     ):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=0.0, atol=2e-2 * float(b.abs().max()))
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_kvsall_cross_entropy_targets_the_uniform_distribution_over_answers(eps: float) -> None:
+    """Hand-computed: a row with answers {1, 3} among 4 entities has the target distribution
+    (0, 1/2, 0, 1/2), smoothed towards (1/4, 1/4, 1/4, 1/4) by eps."""
+    scores = torch.tensor([[0.5, 2.0, -1.0, 0.0], [1.0, 1.0, 3.0, -2.0]])
+    labels = torch.tensor([[0.0, 1.0, 0.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+    got = one_vs_all_loss("cross_entropy", scores, labels, label_smoothing=eps)
+    expected = []
+    for row, answers in ((0, (1, 3)), (1, (2,))):
+        log_p = [float(scores[row, j]) - float(torch.logsumexp(scores[row], 0)) for j in range(4)]
+        target = [(1 - eps) * (j in answers) / len(answers) + eps / 4 for j in range(4)]
+        expected.append(-sum(t * lp for t, lp in zip(target, log_p, strict=True)))
+    torch.testing.assert_close(got, torch.tensor(expected))
+    # one answer per row: the 1-vs-all loss against its class id
+    one = one_vs_all_loss("cross_entropy", scores[1:], labels[1:], label_smoothing=eps)
+    ids = one_vs_all_loss("cross_entropy", scores[1:], torch.tensor([2]), label_smoothing=eps)
+    torch.testing.assert_close(one, ids)

@@ -140,12 +140,13 @@ def test_dropout_gradients_equal_masked_reference(name: str, reciprocal: bool) -
     _assert_grads_equal(res.grads, ent.grad, rel.grad)
 
 
-@pytest.mark.parametrize("mode", ["1vsall", "kvsall"])
-def test_dropout_in_all_entity_modes_equals_masked_reference(mode: str) -> None:
+@pytest.mark.parametrize(
+    "mode,loss", [("1vsall", "cross_entropy"), ("kvsall", "bce"), ("kvsall", "cross_entropy")]
+)
+def test_dropout_in_all_entity_modes_equals_masked_reference(mode: str, loss: str) -> None:
     """1-vs-all/KvsAll with dropout: one entity-table mask per step, used by queries and
     candidates alike; the gradient equals a dense computation with that mask."""
     model = _model("complex", reciprocal=True)
-    loss = "cross_entropy" if mode == "1vsall" else "bce"
     cfg = TrainingConfig(mode=mode, loss=loss, batch_size=8)
     drop = DropoutConfig(entity=0.5, relation=0.25)
     train = _triples(8)
@@ -185,9 +186,13 @@ def test_dropout_in_all_entity_modes_equals_masked_reference(mode: str) -> None:
                 for q in range(len(batch))
             ]
         )
-        total = torch.nn.functional.binary_cross_entropy_with_logits(
-            scores, labels, reduction="sum"
-        )
+        if loss == "bce":
+            total = torch.nn.functional.binary_cross_entropy_with_logits(
+                scores, labels, reduction="sum"
+            )
+        else:  # each query's answers share its target probability equally
+            target = labels / labels.sum(-1, keepdim=True)
+            total = -(target * torch.log_softmax(scores, -1)).sum()
     (total / queries).backward()
     g = res.grads["entity"]
     torch.testing.assert_close(g.values, ent.grad[g.rows], rtol=1e-4, atol=1e-6)
@@ -265,7 +270,13 @@ def test_kvsall_labels_are_all_known_answers() -> None:
 
 
 @pytest.mark.parametrize(
-    "mode,loss", [("negative_sampling", "softplus"), ("1vsall", "cross_entropy"), ("kvsall", "bce")]
+    "mode,loss",
+    [
+        ("negative_sampling", "softplus"),
+        ("1vsall", "cross_entropy"),
+        ("kvsall", "bce"),
+        ("kvsall", "cross_entropy"),
+    ],
 )
 def test_same_seed_gives_bit_identical_parameters(mode: str, loss: str) -> None:
     def run(seed: int) -> KGEModel:
@@ -420,7 +431,13 @@ def test_warmup_reaches_the_optimizer() -> None:
 
 
 @pytest.mark.parametrize(
-    "mode,loss", [("negative_sampling", "softplus"), ("1vsall", "cross_entropy"), ("kvsall", "bce")]
+    "mode,loss",
+    [
+        ("negative_sampling", "softplus"),
+        ("1vsall", "cross_entropy"),
+        ("kvsall", "bce"),
+        ("kvsall", "cross_entropy"),
+    ],
 )
 @pytest.mark.parametrize("parts", [2, 3])
 @pytest.mark.parametrize("dropout", [None, DropoutConfig(entity=0.3, relation=0.2)])

@@ -120,9 +120,16 @@ def one_vs_all_loss(
     """Per-query loss ``(b,)`` of all-entity scores ``(b, E)``.
 
     ``targets`` is either class ids ``(b,)`` (1-vs-all) or a multi-hot float matrix ``(b, E)``
-    (KvsAll). ``cross_entropy`` needs class ids; ``bce`` takes either.
+    (KvsAll). With a multi-hot matrix, ``cross_entropy`` is taken against the uniform
+    distribution over each row's true answers (LibKGE's KvsAll with the ``kl`` loss), smoothed
+    towards the uniform distribution over all entities by ``label_smoothing``.
     """
     if name == "cross_entropy":
+        if targets.dim() == 2:
+            probs = targets / targets.sum(-1, keepdim=True).clamp_min(1.0)
+            return F.cross_entropy(
+                scores.float(), probs, label_smoothing=label_smoothing, reduction="none"
+            )
         return softmax_cross_entropy(scores, targets, label_smoothing)
     if name == "bce":
         if targets.dim() == 1:

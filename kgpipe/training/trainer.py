@@ -635,7 +635,7 @@ class Trainer:
                 )
             ).float()
         loss = one_vs_all_loss(
-            "bce", scores, labels, label_smoothing=self.cfg.label_smoothing
+            self.cfg.loss, scores, labels, label_smoothing=self.cfg.label_smoothing
         ).sum()
         (loss / global_queries).backward()
         return StepResult(
