@@ -42,6 +42,7 @@ def main() -> None:
     from flows.train import train_kge
 
     cfg = load_config(a.config, a.set).with_run_name()
+    code = commit()  # the code that trains: HEAD may move while a long run goes on
     t0 = time.perf_counter()
     summary = train_kge(cfg, resume=True)
     wall = time.perf_counter() - t0
@@ -68,7 +69,7 @@ def main() -> None:
         "protocol": results["protocol"],
         "run": str(run),
         "hardware": hardware(),
-        "commit": commit(),
+        "commit": code,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
     with open(a.out, "a") as f:
