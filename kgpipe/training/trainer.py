@@ -260,7 +260,7 @@ class Trainer:
         self.epoch = 0  # epochs completed
         self.global_step = 0
         self.history: list[EpochStats] = []
-        self._plateau_cache: tuple[list[float], float] | None = None
+        self._plateau_cache: tuple[int, float] | None = None  # (len(history), rate)
         self.stop_requested = False
         self.exchange.bind(self)
 
@@ -298,10 +298,10 @@ class Trainer:
         )
 
     def _plateau_base(self) -> float:
-        """The rate the valid MRRs in :attr:`history` leave (``schedule: plateau``); cached
-        until a validation is added."""
-        scores = [float(s.extra["valid_mrr"]) for s in self.history if "valid_mrr" in s.extra]
-        if self._plateau_cache is None or self._plateau_cache[0] != scores:
+        """The rate the valid MRRs in :attr:`history` leave (``schedule: plateau``); computed
+        once per epoch (history only grows between :meth:`load_state` calls, which reset it)."""
+        if self._plateau_cache is None or self._plateau_cache[0] != len(self.history):
+            scores = [float(s.extra["valid_mrr"]) for s in self.history if "valid_mrr" in s.extra]
             p = self.cfg.plateau
             rate = plateau_lr(
                 self.cfg.lr,
@@ -311,7 +311,7 @@ class Trainer:
                 threshold=p.threshold,
                 min_lr=p.min_lr,
             )
-            self._plateau_cache = (scores, rate)
+            self._plateau_cache = (len(self.history), rate)
         return self._plateau_cache[1]
 
     def generator(self, epoch: int) -> torch.Generator:
@@ -759,6 +759,7 @@ class Trainer:
         self.epoch = state.epoch
         self.global_step = state.global_step
         self.history = [EpochStats.from_dict(h) for h in state.history]
+        self._plateau_cache = None
 
     def fit(self, epochs: int | None = None, *, until: int | None = None) -> list[EpochStats]:
         """Train until ``training.epochs`` (or ``epochs`` more, or epoch ``until``) are done."""
