@@ -41,12 +41,21 @@ class RowOptimizer(ABC):
         self.step_count += 1
         lr = self.lr if lr is None else lr
         for name, g in grads.items():
-            if g.rows.numel():
+            if not g.rows.numel():
+                continue
+            if _covers_in_order(g.rows, self.tables[name].shape[0]):
+                self._update_all(name, g.values, lr)
+            else:
                 self._update(name, g.rows, g.values, lr)
 
     @abstractmethod
     def _update(self, name: str, rows: Tensor, grad: Tensor, lr: float) -> None:
         """Apply one step to ``rows`` of table ``name``."""
+
+    @abstractmethod
+    def _update_all(self, name: str, grad: Tensor, lr: float) -> None:
+        """Apply one step to every row of table ``name`` (``grad`` shaped like the table), in
+        place: the same arithmetic as :meth:`_update` without gathering and scattering rows."""
 
     @abstractmethod
     def state_dict(self) -> dict[str, Tensor]:
@@ -55,6 +64,15 @@ class RowOptimizer(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         """Restore what :meth:`state_dict` returned."""
+
+
+def _covers_in_order(rows: Tensor, n: int) -> bool:
+    """Whether unique ``rows`` are ``0..n-1`` in order (a 1-vs-all step touches every entity).
+
+    Unique ids in ``[0, n)`` that number ``n`` are a permutation; ascending, the identity."""
+    if rows.numel() != n:
+        return False
+    return n < 2 or bool((rows[1:] > rows[:-1]).all())
 
 
 class RowAdam(RowOptimizer):
@@ -87,6 +105,16 @@ class RowAdam(RowOptimizer):
         new = table.index_select(0, rows).addcdiv_(m, denom, value=-lr / bc1)
         table.index_copy_(0, rows, new)
 
+    @torch.no_grad()
+    def _update_all(self, name: str, grad: Tensor, lr: float) -> None:
+        b1, b2 = self.beta1, self.beta2
+        m = self.exp_avg[name].mul_(b1).add_(grad, alpha=1 - b1)
+        v = self.exp_avg_sq[name].mul_(b2).addcmul_(grad, grad, value=1 - b2)
+        bc1 = 1 - b1**self.step_count
+        bc2 = 1 - b2**self.step_count
+        denom = v.sqrt().div_(math.sqrt(bc2)).add_(self.eps)
+        self.tables[name].addcdiv_(m, denom, value=-lr / bc1)
+
     def state_dict(self) -> dict[str, Tensor]:
         out = {f"{k}.exp_avg": v for k, v in self.exp_avg.items()}
         out.update({f"{k}.exp_avg_sq": v for k, v in self.exp_avg_sq.items()})
@@ -114,6 +142,11 @@ class RowAdagrad(RowOptimizer):
         table = self.tables[name]
         new = table.index_select(0, rows).addcdiv_(grad, acc.sqrt().add_(self.eps), value=-lr)
         table.index_copy_(0, rows, new)
+
+    @torch.no_grad()
+    def _update_all(self, name: str, grad: Tensor, lr: float) -> None:
+        acc = self.sum[name].addcmul_(grad, grad)
+        self.tables[name].addcdiv_(grad, acc.sqrt().add_(self.eps), value=-lr)
 
     def state_dict(self) -> dict[str, Tensor]:
         out = {f"{k}.sum": v for k, v in self.sum.items()}

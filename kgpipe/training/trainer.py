@@ -533,7 +533,9 @@ class Trainer:
     def _all_entities(self) -> tuple[Tensor, Tensor]:
         table = self.tables["entity"]
         rows = torch.arange(table.shape[0], device=table.device)
-        return rows, table.detach().clone().requires_grad_(True)
+        # a leaf sharing the table's storage: the table changes only in the optimiser step,
+        # after backward, so no copy of it is needed
+        return rows, table.detach().requires_grad_(True)
 
     def _one_vs_all_gradients(
         self, batch: Tensor, global_queries: int, global_batch: int
