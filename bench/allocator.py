@@ -6,7 +6,7 @@
 
 Every measurement is a fresh process (the allocator setting is process-wide): it loads the data
 set, builds the model and trainer on the first ``--steps`` batches of the training triples, sets
-the allocator (``retain``: :func:`kgpipe.devices.retain_freed_memory`; ``system``: nothing),
+the allocator (``retain``: :func:`kgpipe.process.retain_freed_memory`; ``system``: nothing),
 runs one warm-up pass, then times one more pass and a filtered evaluation of ``--eval`` valid
 triples. Rounds alternate the order of the two variants. Reported per config: median training
 triples/s and evaluation triples/s per variant, the retain/system ratios, and the peak resident
@@ -35,8 +35,8 @@ def measure(args: argparse.Namespace) -> None:
     from common import timed_training
 
     from kgpipe.config import load_config
-    from kgpipe.devices import retain_freed_memory
     from kgpipe.evaluation import FilterIndex, evaluate
+    from kgpipe.process import retain_freed_memory
 
     if args.variant == "retain" and not retain_freed_memory():
         raise SystemExit("retain_freed_memory() is not available on this platform")

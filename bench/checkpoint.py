@@ -39,9 +39,10 @@ from safetensors.torch import save as st_save  # noqa: E402
 
 from kgpipe.checkpoint import CheckpointStore, TrainState  # noqa: E402
 from kgpipe.config import load_config  # noqa: E402
-from kgpipe.run import prepare_run, train  # noqa: E402
+from kgpipe.pipeline import train  # noqa: E402
+from kgpipe.runs.stage import prepare_run  # noqa: E402
 from kgpipe.storage import Store  # noqa: E402
-from kgpipe.training import Callback  # noqa: E402
+from kgpipe.training.hooks import Callback  # noqa: E402
 
 DATASETS = REPO.parent / "shared" / "datasets"
 

@@ -38,10 +38,13 @@ def timed_training(cfg: Any, steps: int) -> tuple[Any, Any, Any]:
     ``kgpipe`` is imported here, so a caller that put another checkout first on ``sys.path``
     times that checkout's code.
     """
-    from kgpipe.data import load_dataset
-    from kgpipe.models import KGEModel
-    from kgpipe.training import Trainer
+    from kgpipe.data.dataset import load_dataset
+    from kgpipe.models.model import KGEModel
+    from kgpipe.process import configure
+    from kgpipe.training.loop import Trainer
 
+    # the run's kernels as a launcher sets them; threads and allocator stay the caller's
+    configure(threads=None, allocator="system", deterministic=cfg.training.deterministic)
     ds = load_dataset(cfg.data)
     model = KGEModel.build(
         cfg.model, num_entities=ds.num_entities, num_relations=ds.num_relations, seed=0

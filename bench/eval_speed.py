@@ -29,9 +29,9 @@ def child(spec: str, data_root: str, batch_size: int, threads: int) -> dict[str,
     import torch
 
     from kgpipe.config import DataConfig, ModelConfig
-    from kgpipe.data import load_dataset
+    from kgpipe.data.dataset import load_dataset
     from kgpipe.evaluation import FilterIndex, evaluate
-    from kgpipe.models import KGEModel
+    from kgpipe.models.model import KGEModel
 
     torch.set_num_threads(threads)
     name, _, p = spec.partition("-l")

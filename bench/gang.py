@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from common import hardware  # noqa: E402
 
 from kgpipe.config import load_config  # noqa: E402
-from kgpipe.run import train  # noqa: E402
+from kgpipe.pipeline import train  # noqa: E402
 
 
 def run(config: str, overrides: list[str], root: str, name: str) -> dict[str, Any]:

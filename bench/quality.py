@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from common import commit, hardware  # noqa: E402
 
-from kgpipe.cli import local_prefect_defaults  # noqa: E402
+from flows.cli import local_prefect_defaults  # noqa: E402
 from kgpipe.config import load_config  # noqa: E402
 
 PUBLISHED = {  # ../shared/datasets/README.md: filtered test MRR

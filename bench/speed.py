@@ -32,9 +32,10 @@ import torch
 from common import hardware  # bench/common.py (this script's folder is on sys.path)
 
 from kgpipe.config import DataConfig, ModelConfig, RegularizerConfig, TrainingConfig
-from kgpipe.data import load_dataset
-from kgpipe.models import KGEModel
-from kgpipe.training import Trainer
+from kgpipe.data.dataset import load_dataset
+from kgpipe.models.model import KGEModel
+from kgpipe.process import configure
+from kgpipe.training.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -139,7 +140,8 @@ def main() -> None:
     p.add_argument("--no-pykeen", action="store_true")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    # a run's kernels (deterministic), these threads, the C library's allocator
+    configure(threads=args.threads, allocator="system", deterministic=True)
 
     peak = matmul_peak()
     print(f"float32 matmul peak: {peak:.1f} GFLOP/s", file=sys.stderr)

@@ -1,74 +1,103 @@
 """The training flow: stage -> cluster -> [train segment -> commit]* -> test -> export -> report.
 
-Thin by design: every step is a task over one library call; the loop, early stopping and the
-cluster's life cycle are the flow's. Run it with ``kgpipe train -c CONFIG`` (local, ephemeral
-Prefect unless ``PREFECT_API_URL`` is set) or through the deployments in ``prefect.yaml``.
+Thin by design: every step is a task over one library call; the segment plan (where segments
+end, early stopping) is the library's (:func:`kgpipe.runs.segments.drive_segments`), and the
+flow holds the Dask cluster open with ``with`` for the length of the training. Run it with
+``kgpipe train -c CONFIG`` (local, ephemeral Prefect unless ``PREFECT_API_URL`` is set) or
+through the deployments in ``prefect.yaml``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
+from prefect.settings import PREFECT_API_URL
 
 from kgpipe.config import RunConfig
-from kgpipe.run import committed_history, segment_ends, should_stop
+from kgpipe.launch.dask import open_run_cluster
+from kgpipe.runs.segments import drive_segments
+from kgpipe.training.hooks import Callback
 from tasks.kge import (
     evaluate_and_export,
     new_progress,
     publish_report,
     stage_data,
-    start_cluster,
-    stop_cluster,
     train_segment,
 )
 
+__all__ = ["build_train_flow", "train_kge"]
 
-@flow(name="train-kge", log_prints=True, validate_parameters=True)
-def train_kge(
-    config: RunConfig,
-    resume: bool = True,
-    warm_start: str | None = None,
-    previous: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Train ``config`` end to end. With ``resume`` (default) a run folder of the same name
-    continues from its latest committed checkpoint, so a crashed flow run is simply run again."""
-    t0 = time.perf_counter()
-    logger = get_run_logger()
-    run = stage_data(config, resume=resume, warm_start=warm_start)
-    progress = new_progress(run)
-    cluster = start_cluster(run.config)
-    address = cluster["address"] if cluster else None
-    history = committed_history(run)
-    restarts = 0
-    try:
-        for end in segment_ends(run.resumed_epoch, run.config):
-            segment = train_segment(run, end, address, restarts, progress)
-            history, restarts = segment.history, segment.restarts
-            if should_stop(history, run.config.evaluation.patience):
-                logger.info("early stopping after epoch %d: no better valid MRR", end)
-                break
-    finally:
-        stop_cluster(address)
-    results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0)
-    report = publish_report(
-        run,
-        results,
-        history,
-        seconds=time.perf_counter() - t0,
-        previous=previous,
-        dashboard=cluster["dashboard"] if cluster else None,
-    )
-    summary = {
-        "run": run.url,
-        "report": report,
-        "epochs": len(history),
-        "restarts": restarts,
-        "results": {k: results[k] for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")}
-        if results
-        else None,
-        "seconds": time.perf_counter() - t0,
-    }
-    logger.info("done: %s", summary)
-    return summary
+
+def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, Any]]:
+    """The ``train-kge`` flow; ``callbacks`` (e.g. the CLI's progress bar) follow its training
+    wherever it runs. The deployed flow is :data:`train_kge` (no extra callbacks)."""
+
+    @flow(name="train-kge", log_prints=True, validate_parameters=True)
+    def train_kge(
+        config: RunConfig,
+        resume: bool = True,
+        warm_start: str | None = None,
+        previous: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> dict[str, Any]:
+        """Train ``config`` end to end. With ``resume`` (default) a run folder of the same name
+        continues from its latest committed checkpoint, so a crashed flow run is simply run
+        again; ``overwrite`` replaces it instead."""
+        t0 = time.perf_counter()
+        logger = get_run_logger()
+        run = stage_data(config, resume=resume, warm_start=warm_start, overwrite=overwrite)
+        progress = new_progress(run)
+        dashboard: str | None = None
+        with contextlib.ExitStack() as stack:
+            address: str | None = None
+            if run.config.distributed.uses_dask:
+                api = PREFECT_API_URL.value()
+                client = stack.enter_context(
+                    open_run_cluster(
+                        run.config,
+                        # workers report to this flow's API, not a temporary server of their own
+                        extra_env={"PREFECT_API_URL": api} if api else None,
+                        log=logger.info,
+                    )
+                )
+                address, dashboard = str(client.scheduler.address), str(client.dashboard_link)
+            state = {"restarts": 0}
+
+            def segment(until: int) -> Any:
+                result = train_segment(
+                    run, until, address, state["restarts"], progress, callbacks=callbacks
+                )
+                state["restarts"] = result.restarts
+                return result
+
+            history, restarts = drive_segments(run, segment, log=logger.info)
+        results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0)
+        report = publish_report(
+            run,
+            results,
+            history,
+            seconds=time.perf_counter() - t0,
+            previous=previous,
+            dashboard=dashboard,
+        )
+        summary = {
+            "run": run.url,
+            "report": report,
+            "epochs": len(history),
+            "restarts": restarts,
+            "results": {k: results[k] for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")}
+            if results
+            else None,
+            "seconds": time.perf_counter() - t0,
+        }
+        logger.info("done: %s", summary)
+        return summary
+
+    return train_kge
+
+
+train_kge = build_train_flow()

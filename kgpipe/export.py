@@ -1,7 +1,7 @@
 """Model files and embedding exports.
 
 ``model.safetensors`` holds the two tables (``entity``, ``relation``) and, in its metadata, the
-:class:`~kgpipe.models.model.ModelSpec` -- no pickle anywhere.
+:class:`~kgpipe.models.spec.ModelSpec` -- no pickle anywhere.
 
 Exports (``parquet`` or ``npy``) are self-describing: see ``docs/embeddings.md`` for the layouts
 and scoring functions; the same text is stored in the Parquet schema metadata under ``kgpipe``.
@@ -19,29 +19,16 @@ import pyarrow.parquet as pq
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from kgpipe.data import Vocabulary
-from kgpipe.data.vocab import escape_label
+from kgpipe.data.vocab import Vocabulary, escape_label
 from kgpipe.errors import RunError
-from kgpipe.models.model import KGEModel, ModelSpec
-from kgpipe.storage import Store
+from kgpipe.models.interactions import INTERACTIONS
+from kgpipe.models.model import KGEModel
+from kgpipe.models.spec import ModelSpec
+from kgpipe.storage import RetryPolicy, Store
 
-__all__ = ["SCORING", "export_embeddings", "load_model", "relation_labels", "save_model"]
+__all__ = ["export_embeddings", "load_model", "relation_labels", "save_model"]
 
 MODEL_FILE = "model.safetensors"
-
-SCORING = {
-    "transe": "score(h,r,t) = gamma - ||h + r - t||_p  (real vectors of dim)",
-    "distmult": "score(h,r,t) = sum(h * r * t)  (real vectors of dim)",
-    "complex": (
-        "score(h,r,t) = Re(sum(h * r * conj(t))); rows are dim/2 complex numbers stored as "
-        "[real parts | imaginary parts]"
-    ),
-    "rotate": (
-        "score(h,r,t) = gamma - sum_k |h_k * r_k - t_k| (complex modulus); entity rows are dim/2 "
-        "complex numbers stored as [real parts | imaginary parts]; relation rows are dim/2 phases "
-        "theta in radians, r_k = cos(theta_k) + i sin(theta_k)"
-    ),
-}
 
 
 def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
@@ -104,6 +91,7 @@ def export_embeddings(
     *,
     fmt: str = "parquet",
     storage_options: dict[str, Any] | None = None,
+    retry: RetryPolicy | None = None,
 ) -> list[str]:
     """Write entity and relation embeddings under ``out_url``; returns the URLs written.
 
@@ -113,10 +101,12 @@ def export_embeddings(
     ``model.json`` (spec, layout and scoring function).
     """
     spec = model.spec
-    store = Store(out_url, storage_options)
+    if fmt not in ("parquet", "npy"):
+        raise ValueError(f"unknown export format {fmt!r}; known: npy, parquet")
+    store = Store(out_url, storage_options, retry=retry)
     info = {
         "model": json.loads(spec.to_json()),
-        "scoring": SCORING[spec.name],
+        "scoring": INTERACTIONS.get(spec.name).scoring,
         "relation_rows": "rows num_relations.. are inverse relations" if spec.reciprocal else "",
     }
     meta = {"kgpipe": json.dumps(info)}
@@ -133,7 +123,7 @@ def export_embeddings(
                 f"{name}.parquet", _table_parquet(np.arange(emb.shape[0]), labels, emb, meta)
             )
             written.append(store.url_of(f"{name}.parquet"))
-    elif fmt == "npy":
+    else:  # npy
         for name, emb, labels in (
             ("entities", ent, list(vocab.entities)),
             ("relations", rel, rel_labels),
@@ -144,8 +134,6 @@ def export_embeddings(
             tsv = "".join(f"{i}\t{escape_label(lab)}\n" for i, lab in enumerate(labels))
             store.write_text(f"{name}.tsv", tsv)
             written += [store.url_of(f"{name}.npy"), store.url_of(f"{name}.tsv")]
-    else:
-        raise ValueError(f"unknown export format {fmt!r}; known: npy, parquet")
     store.write_json("model.json", info)
     written.append(store.url_of("model.json"))
     return written

@@ -21,7 +21,7 @@ from fsspec.core import url_to_fs
 
 from kgpipe.errors import StorageAccessDenied, StorageError
 
-__all__ = ["RetryPolicy", "Store", "is_transient", "join_url", "retrying"]
+__all__ = ["RetryPolicy", "Store", "is_transient", "join_url", "read_url", "retrying"]
 
 log = logging.getLogger("kgpipe.storage")
 T = TypeVar("T")
@@ -185,6 +185,19 @@ class Store:
     def remove(self, rel: str = "", *, recursive: bool = True) -> None:
         if self.exists(rel):
             self._do("delete", rel, lambda: self.fs.rm(self.path(rel), recursive=recursive))
+
+
+def read_url(
+    url: str, storage_options: dict[str, Any] | None = None, *, retry: RetryPolicy | None = None
+) -> bytes:
+    """The bytes of one file at any fsspec URL, with the retries of a :class:`Store` (input files
+    outside a run folder: the graph's splits, a config)."""
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    if "file" in _protocols(fs):
+        return bytes(fs.cat_file(path))
+    return retrying(
+        lambda: bytes(fs.cat_file(path)), what=f"read {url}", policy=retry or RetryPolicy()
+    )
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 """Thin Prefect tasks over the kgpipe library: each calls one library step and returns something
-small (a staged-run record, a scheduler address, a segment summary, metrics) -- never tensors.
+small (a run-folder record, a segment summary, metrics) -- never tensors.
 
 Policies live in the decorators: retries with backoff on transient storage/network errors,
 timeouts, and no caching (every task here has side effects in the run folder).
@@ -7,9 +7,7 @@ timeouts, and no caching (every task here has side effects in the run folder).
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from prefect import get_run_logger, task
@@ -24,21 +22,26 @@ from prefect.events import emit_event
 
 from kgpipe.config import RunConfig
 from kgpipe.errors import StorageAccessDenied, StorageError
-from kgpipe.run import (
-    SegmentResult,
-    Session,
-    StagedRun,
-    finish_run,
-    prepare_run,
-)
+from kgpipe.launch.dask import connect
+from kgpipe.pipeline import make_launcher
+from kgpipe.runs.finish import finish_run
+from kgpipe.runs.folder import CURVES, REPORT, RunFolder
+from kgpipe.runs.report import curve_png, markdown_report
+from kgpipe.runs.segments import SegmentResult
+from kgpipe.runs.stage import prepare_run
 from kgpipe.storage import is_transient
-from kgpipe.training import Callback, EpochStats, Trainer
+from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.records import EpochStats
 
-# Extra library callbacks for in-process runs of the flow (the CLI's progress bar).
-EXTRA_CALLBACKS: list[Callback] = []
-
-_CLUSTERS: dict[str, Any] = {}  # address -> (context manager, client) of clusters started here
-_LOCK = threading.Lock()
+__all__: Sequence[str] = [
+    "STORAGE_RETRY",
+    "evaluate_and_export",
+    "new_progress",
+    "publish_report",
+    "stage_data",
+    "train_segment",
+    "transient",
+]
 
 
 def transient(_task: Any, _run: Any, state: Any) -> bool:
@@ -64,63 +67,17 @@ STORAGE_RETRY: dict[str, Any] = {
 
 
 @task(timeout_seconds=3600, **STORAGE_RETRY)
-def stage_data(config: RunConfig, resume: bool = True, warm_start: str | None = None) -> StagedRun:
+def stage_data(
+    config: RunConfig,
+    resume: bool = True,
+    warm_start: str | None = None,
+    overwrite: bool = False,
+) -> RunFolder:
     """Validate the input, write vocabulary and shards; or reuse a run folder's staged data."""
     logger = get_run_logger()
-    return prepare_run(config, resume=resume, warm_start=warm_start, log=logger.info)
-
-
-@task(cache_policy=NO_CACHE, timeout_seconds=600)
-def start_cluster(config: RunConfig) -> dict[str, str] | None:
-    """Start (LocalCluster / LocalCUDACluster) or connect to the Dask cluster; returns its
-    scheduler ``address`` and ``dashboard`` link, or ``None`` when training runs in-process."""
-    if not config.distributed.uses_dask:
-        return None
-    from prefect.settings import PREFECT_API_URL
-
-    from kgpipe.distributed.cluster import open_cluster
-
-    logger = get_run_logger()
-    api = PREFECT_API_URL.value()
-    cm = open_cluster(
-        config.distributed,
-        log=logger.info,
-        fault=config.fault_tolerance,
-        extra_env={"PREFECT_API_URL": api} if api else None,
+    return prepare_run(
+        config, resume=resume, overwrite=overwrite, warm_start=warm_start, log=logger.info
     )
-    client = cm.__enter__()
-    address = str(client.scheduler.address)
-    with _LOCK:
-        _CLUSTERS[address] = (cm, client)
-    logger.info("Dask dashboard: %s", client.dashboard_link)
-    return {"address": address, "dashboard": str(client.dashboard_link)}
-
-
-@task(cache_policy=NO_CACHE, timeout_seconds=600)
-def stop_cluster(address: str | None) -> None:
-    """Close a cluster that :func:`start_cluster` started in this process."""
-    with _LOCK:
-        entry = _CLUSTERS.pop(address, None) if address else None
-    if entry is not None:
-        entry[0].__exit__(None, None, None)
-
-
-@contextlib.contextmanager
-def _client(address: str | None) -> Iterator[Any]:
-    """The client of the cluster at ``address``: the one :func:`start_cluster` keeps in this
-    process, or a new connection (closed afterwards) when the task runs elsewhere."""
-    if address is None:
-        yield None
-        return
-    with _LOCK:
-        entry = _CLUSTERS.get(address)
-    if entry is not None:
-        yield entry[1]
-        return
-    from distributed import Client
-
-    with Client(address, timeout=30) as client:
-        yield client
 
 
 class _PrefectProgress(Callback):
@@ -131,7 +88,7 @@ class _PrefectProgress(Callback):
         self.total = total_epochs
         self.logger = get_run_logger()
 
-    def on_epoch_end(self, trainer: Trainer, stats: EpochStats) -> None:
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         if self.progress_id is not None:
             update_progress_artifact(self.progress_id, 100.0 * stats.epoch / self.total)
         extra = f", valid MRR {stats.extra['valid_mrr']:.4f}" if "valid_mrr" in stats.extra else ""
@@ -143,29 +100,35 @@ class _PrefectProgress(Callback):
 
 @task(cache_policy=NO_CACHE, timeout_seconds=24 * 3600)
 def train_segment(
-    run: StagedRun,
+    run: RunFolder,
     until: int,
     address: str | None,
     restarts: int = 0,
     progress_id: Any = None,
+    callbacks: Sequence[Callback] = (),
 ) -> SegmentResult:
-    """Train from the latest committed checkpoint to epoch ``until`` (the gang launch on Dask,
-    relaunched from checkpoints after faults); the segment's last epoch is committed."""
+    """Train from the latest committed checkpoint to epoch ``until`` (a gang on the cluster at
+    ``address``, relaunched from checkpoints after faults; else in this process); the
+    segment's last epoch is committed. ``callbacks`` are the caller's (the CLI's progress)."""
     logger = get_run_logger()
-    callbacks: list[Callback] = [_PrefectProgress(progress_id, run.config.training.epochs)]
+    ours: list[Callback] = [_PrefectProgress(progress_id, run.config.training.epochs)]
     before = {c.epoch for c in run.checkpoints().committed()}
-    with _client(address) as client:
-        session = Session(
-            run,
-            callbacks=[*callbacks, *EXTRA_CALLBACKS],
-            client=client,
-            log=logger.info,
-            restarts=restarts,
-        )
+    if address is None:
+        launcher = make_launcher(run, callbacks=[*ours, *callbacks], log=logger.info)
         try:
-            result = session.train_until(until)
+            result = launcher.train_until(until)
         finally:
-            session.close()
+            launcher.close()
+    else:
+        with connect(address) as client:
+            launcher = make_launcher(
+                run,
+                client=client,
+                callbacks=[*ours, *callbacks],
+                log=logger.info,
+                restarts=restarts,
+            )
+            result = launcher.train_until(until)
     if result.restarts > restarts:
         logger.warning("%d gang restart(s) in this segment", result.restarts - restarts)
     for ckpt in run.checkpoints().committed():
@@ -185,7 +148,7 @@ def train_segment(
 
 @task(timeout_seconds=6 * 3600, **STORAGE_RETRY)
 def evaluate_and_export(
-    run: StagedRun, history: list[dict[str, Any]], restarts: int, seconds: float
+    run: RunFolder, history: list[dict[str, Any]], restarts: int, seconds: float
 ) -> dict[str, Any] | None:
     """Final model from the checkpoints, filtered test evaluation, embeddings export."""
     logger = get_run_logger()
@@ -194,7 +157,7 @@ def evaluate_and_export(
 
 @task(timeout_seconds=600, **STORAGE_RETRY)
 def publish_report(
-    run: StagedRun,
+    run: RunFolder,
     results: dict[str, Any] | None,
     history: list[dict[str, Any]],
     *,
@@ -203,21 +166,19 @@ def publish_report(
     dashboard: str | None = None,
 ) -> str:
     """The end-of-run markdown report (with the loss/MRR curve, also written to the run folder)."""
-    from kgpipe.report import curve_png, markdown_report
-
     png = curve_png(history)
-    run.store.write_bytes("curves.png", png)
+    run.store.write_bytes(CURVES, png)
     text = markdown_report(
         run, results, history, seconds=seconds, previous=previous, png=png, dashboard=dashboard
     )
-    run.store.write_text("report.md", text)
+    run.store.write_text(REPORT, text)
     create_markdown_artifact(
         key=_key(run, "report"), markdown=text, description=f"kgpipe report: {run.config.run.name}"
     )
-    return run.store.url_of("report.md")
+    return run.store.url_of(REPORT)
 
 
-def new_progress(run: StagedRun) -> Any:
+def new_progress(run: RunFolder) -> Any:
     return create_progress_artifact(
         progress=100.0 * run.resumed_epoch / max(1, run.config.training.epochs),
         key=_key(run, "progress"),
@@ -225,7 +186,7 @@ def new_progress(run: StagedRun) -> Any:
     )
 
 
-def _key(run: StagedRun, what: str) -> str:
+def _key(run: RunFolder, what: str) -> str:
     """Artifact keys: lowercase letters, digits and dashes only."""
     name = "".join(c if c.isalnum() else "-" for c in (run.config.run.name or "run").lower())
     return f"kgpipe-{name}-{what}"[:120].strip("-")
@@ -235,15 +196,3 @@ def _row(h: dict[str, Any]) -> dict[str, Any]:
     keys = ("epoch", "loss", "triples_per_s", "seconds", "valid_mrr", "valid_hits@10",
             "world_size", "bytes_sent", "restarts")  # fmt: skip
     return {k: (round(h[k], 6) if isinstance(h[k], float) else h[k]) for k in keys if k in h}
-
-
-__all__: Sequence[str] = [
-    "EXTRA_CALLBACKS",
-    "evaluate_and_export",
-    "new_progress",
-    "publish_report",
-    "stage_data",
-    "start_cluster",
-    "stop_cluster",
-    "train_segment",
-]

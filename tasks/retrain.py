@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 
 from kgpipe.config import RunConfig
-from kgpipe.run import latest_of_series, record_latest_of_series, source_fingerprint
+from kgpipe.runs.series import latest_of_series, record_latest_of_series, source_fingerprint
 from tasks.kge import STORAGE_RETRY
 
 __all__ = ["find_previous", "fingerprint_source", "record_latest"]

@@ -192,3 +192,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     drain_prefect_workers()  # logs queued for a temporary server go to it before it stops
     for server in list(server_module.SubprocessASGIServer._instances.values()):
         server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _process_settings() -> None:
+    """Trainers built directly in tests run with the process settings a launcher makes for a
+    run (``kgpipe.process.configure``): deterministic kernels, whose bit-identical results the
+    tests compare."""
+    from kgpipe.process import configure
+
+    configure(threads=None, allocator="system", deterministic=True)

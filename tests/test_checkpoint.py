@@ -19,14 +19,15 @@ from typing import Any
 
 import pytest
 import torch
+from faults import FaultAt
 from safetensors.torch import load_file
 
 from kgpipe.checkpoint import CheckpointStore, TrainState
 from kgpipe.config import parse_config
 from kgpipe.errors import CheckpointError, KgpipeError
-from kgpipe.run import train
+from kgpipe.pipeline import train
 from kgpipe.storage import RetryPolicy, Store, is_transient
-from kgpipe.training import Callback
+from kgpipe.training.hooks import Callback
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -304,18 +305,16 @@ def test_killed_training_process_resumes_from_the_last_commit(
 
 # -- a Dask worker killed with SIGKILL mid-epoch: the gang is relaunched from the last commit -----
 @pytest.mark.parametrize("fault,rank", [("kill", 0), ("kill", 1), ("raise", 1)])
-def test_failed_rank_recovers_bit_identically(
-    tmp_path: Path, fault: str, rank: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_failed_rank_recovers_bit_identically(tmp_path: Path, fault: str, rank: int) -> None:
     """A Dask worker killed with SIGKILL mid-epoch (rank 0's, then another's), or a rank that
     raises: the gang is relaunched from the last commit and ends as an uninterrupted run."""
     over = {"distributed": {"workers": 2, "sync": "step", "timeout_s": 30},
             "fault_tolerance": {"restart_backoff_s": 0.1}}  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
-    # the workers' environment is copied from this process when the cluster starts
-    monkeypatch.setenv("KGPIPE_FAULT", f"{fault}:{rank}:3:10")
-    result = train(_config(str(tmp_path), "faulty", **over))
-    assert (tmp_path / "faulty" / "fault-fired").exists()
+    marker = tmp_path / "fault-fired"
+    injected = FaultAt(fault, rank=rank, epoch=3, step=10, marker=marker)
+    result = train(_config(str(tmp_path), "faulty", **over), rank_callbacks=[injected])
+    assert marker.exists()
     assert result.results is None  # evaluation.test is off in these runs
     _assert_same_model(tmp_path / "straight", tmp_path / "faulty")
     manifests = _manifests(tmp_path / "faulty")

@@ -287,7 +287,7 @@ def test_local_prefect_defaults_are_patient_and_keep_user_settings(
 ) -> None:
     """The temporary Prefect API gets 120 s to start (Prefect's 20 s failed a first start on 2
     busy cores) and no telemetry; values the user set are kept."""
-    from kgpipe.cli import local_prefect_defaults
+    from flows.cli import local_prefect_defaults
 
     monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "true")

@@ -13,15 +13,9 @@ import pytest
 import torch
 
 from kgpipe.config import DataConfig
-from kgpipe.data import (
-    BENCHMARKS,
-    BUNDLED,
-    SplitReport,
-    TripleDataset,
-    Vocabulary,
-    load_dataset,
-    resolve_benchmark,
-)
+from kgpipe.data.benchmarks import BENCHMARKS, BUNDLED, resolve_benchmark
+from kgpipe.data.dataset import SplitReport, TripleDataset, load_dataset
+from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError, KgpipeError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "datasets"

@@ -13,14 +13,14 @@ import torch
 from safetensors.torch import load_file
 
 from kgpipe.config import parse_config
-from kgpipe.distributed.cluster import (
+from kgpipe.distributed.clusters import (
     QUIET_WORKER_CONFIG,
     cluster_kwargs,
     open_cluster,
     worker_threads,
 )
 from kgpipe.errors import RunError
-from kgpipe.run import train
+from kgpipe.pipeline import train
 
 BASE = {
     "run": {"seed": 3},
@@ -85,10 +85,11 @@ def test_plateau_schedule_step_sync_equals_single_process(tmp_path: Path) -> Non
 
 def test_cluster_spec_is_pure() -> None:
     cfg = parse_config({**BASE, "distributed": {"workers": 2}}).distributed
-    kw = cluster_kwargs(cfg)
+    kw = cluster_kwargs(cfg.workers)
     assert kw["n_workers"] == 2 and kw["threads_per_worker"] == 1 and kw["host"] == "127.0.0.1"
-    assert worker_threads(cfg, cores=8) == 4
-    assert worker_threads(cfg, cores=1) == 1
+    assert worker_threads(cfg.workers, cfg.threads_per_worker, cores=8) == 4
+    assert worker_threads(cfg.workers, cfg.threads_per_worker, cores=1) == 1
+    assert worker_threads(cfg.workers, 3, cores=8) == 3
 
 
 def _worker_setup() -> dict[str, object]:
@@ -108,10 +109,10 @@ def test_local_cluster_workers_are_set_up_for_training() -> None:
     """What the worker processes of our LocalCluster actually run with: quiet event-loop
     housekeeping, no statistical profiler, malloc left alone, one torch thread share."""
     cfg = parse_config({**BASE, "distributed": {"workers": 2}}).distributed
-    with open_cluster(cfg) as client:
+    with open_cluster(cfg.cluster, workers=cfg.workers) as client:
         seen = client.run(_worker_setup)
     assert len(seen) == 2
-    threads = worker_threads(cfg)
+    threads = worker_threads(cfg.workers, cfg.threads_per_worker)
     for got in seen.values():
         assert got["config"] == {**QUIET_WORKER_CONFIG, "distributed.worker.profile.enabled": False}
         assert got["malloc_trim"] is None
@@ -136,7 +137,7 @@ def _worker_pids() -> list[int]:
 
 def test_killed_worker_fails_the_epoch_promptly_and_leaves_no_process(tmp_path: Path) -> None:
     """Without restarts allowed, a killed worker fails the run promptly, naming rank and worker."""
-    from kgpipe.training import Callback
+    from kgpipe.training.hooks import Callback
 
     class KillOnce(Callback):
         killed: int | None = None

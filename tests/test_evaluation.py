@@ -9,7 +9,8 @@ import torch
 
 from kgpipe.config import ModelConfig
 from kgpipe.evaluation import FilterIndex, evaluate, rank_metrics
-from kgpipe.models import INTERACTIONS, KGEModel
+from kgpipe.models.interactions import INTERACTIONS
+from kgpipe.models.model import KGEModel
 
 
 def _random_triples(n: int, ne: int, nr: int, seed: int) -> torch.Tensor:

@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from kgpipe.config import ModelConfig
-from kgpipe.models import INTERACTIONS, ComplEx, DistMult, Interaction, KGEModel, RotatE, TransE
+from kgpipe.models.interactions import (
+    INTERACTIONS,
+    ComplEx,
+    DistMult,
+    Interaction,
+    RotatE,
+    TransE,
+)
+from kgpipe.models.model import KGEModel
 
 CASES: dict[str, list[Interaction]] = {
     "transe": [TransE(p=1, margin=2.0), TransE(p=2, margin=0.0)],

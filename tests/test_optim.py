@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad, lr_at, plateau_lr
+from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad
+from kgpipe.training.schedules import lr_at, plateau_lr
 
 
 def _steps(

@@ -125,7 +125,7 @@ def test_retrain_warm_starts_and_skips_unchanged(
 ) -> None:
     from flows.retrain import retrain_kge
     from kgpipe.config import parse_config
-    from kgpipe.data import load_dataset
+    from kgpipe.data.dataset import load_dataset
 
     umls = load_dataset(parse_config({"data": {"dataset": "umls"}}).data)
     labels = umls.vocab

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kgpipe.config import load_config
-from kgpipe.run import train
+from kgpipe.pipeline import train
 
 REPO = Path(__file__).resolve().parents[1]
 

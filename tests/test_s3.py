@@ -11,9 +11,10 @@ import s3fs
 from conftest import S3Server
 
 from kgpipe.config import parse_config
-from kgpipe.data import load_dataset
+from kgpipe.data.dataset import load_dataset
 from kgpipe.errors import DataError
-from kgpipe.run import evaluate_run, train
+from kgpipe.pipeline import train
+from kgpipe.runs.read import evaluate_run
 
 
 def _fs(server: S3Server) -> s3fs.S3FileSystem:

@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 
 from kgpipe.config import parse_config
-from kgpipe.data import Vocabulary
-from kgpipe.run import segment_ends, should_stop, train
-from kgpipe.warmstart import warm_start_tables
+from kgpipe.data.vocab import Vocabulary
+from kgpipe.pipeline import train
+from kgpipe.runs.segments import segment_ends, should_stop
+from kgpipe.runs.warmstart import warm_start_tables
 
 
 def _cfg(epochs: int, every: int) -> object:

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from kgpipe.config import DropoutConfig, ModelConfig, RegularizerConfig, TrainingConfig
-from kgpipe.models import INTERACTIONS, KGEModel
-from kgpipe.training import Trainer
+from kgpipe.models.interactions import INTERACTIONS
+from kgpipe.models.model import KGEModel
+from kgpipe.training.loop import Trainer, clip_grad_norm
 from kgpipe.training.losses import negative_sampling_loss
 
 NE, NR = 17, 3
@@ -55,7 +56,7 @@ def test_shared_negative_gradients_equal_per_triple_reference(
     cfg = TrainingConfig(batch_size=11, negatives=4, chunk_size=3, loss=loss, margin=0.5)
     trainer = Trainer(model, _triples(11), training=cfg, regularizer=reg, seed=0)
     batch = _triples(11)
-    negs = trainer._draw_negatives(11, torch.Generator().manual_seed(1))
+    negs = trainer.strategy.draw(11, torch.Generator().manual_seed(1))
     assert negs is not None and negs.shape == (
         4,
         4,
@@ -85,7 +86,7 @@ def test_shared_negative_gradients_equal_per_triple_reference(
         )
         total = total + per.sum() / 11
         ri = r + NR if (reciprocal and i >= 6) else r
-        total = total + trainer._regularization(ent[h][None], rel[ri][None], ent[t][None]) / 11
+        total = total + trainer.regularizer(ent[h][None], rel[ri][None], ent[t][None]) / 11
     total.backward()
 
     _assert_grads_equal(res.grads, ent.grad, rel.grad)
@@ -104,12 +105,14 @@ def test_dropout_gradients_equal_masked_reference(name: str, reciprocal: bool) -
     trainer = Trainer(model, _triples(11), training=cfg, regularizer=reg, seed=0, dropout=drop)
     trainer.global_step = 5
     batch = _triples(11)
-    negs = trainer._draw_negatives(11, torch.Generator().manual_seed(1))
+    negs = trainer.strategy.draw(11, torch.Generator().manual_seed(1))
     assert negs is not None
     res = trainer.compute_gradients(batch, negs, global_queries=11, global_batch=11)
-    masks = trainer._chunk_dropout(torch.arange(4), 3, 4)
-    assert masks is not None
-    mh, mt, mn, mr = masks
+    assert trainer.dropout is not None
+    widths = (model.entity.shape[1], model.relation.shape[1])
+    mh, mt, mn, mr = trainer.dropout.chunk_masks(
+        5, torch.arange(4), 3, 4, widths, model.entity.device
+    )
     for m, p in ((mh, 0.4), (mn, 0.4), (mr, 0.3)):  # inverted dropout: 0 or 1/(1-p)
         values = m.unique()
         assert values.numel() == 2 and values[0] == 0.0
@@ -135,7 +138,7 @@ def test_dropout_gradients_equal_masked_reference(name: str, reciprocal: bool) -
             "cross_entropy", pos.view(1), neg.view(1, -1), margin=0.0, temperature=1.0
         )
         total = total + per.sum() / 11
-        total = total + trainer._regularization(ent[h][None], rel[ri][None], ent[t][None]) / 11
+        total = total + trainer.regularizer(ent[h][None], rel[ri][None], ent[t][None]) / 11
     total.backward()
     _assert_grads_equal(res.grads, ent.grad, rel.grad)
 
@@ -156,12 +159,15 @@ def test_dropout_in_all_entity_modes_equals_masked_reference(mode: str, loss: st
     if mode == "1vsall":
         batch, queries = _triples(8, 3), 16
     else:
-        assert trainer.kvsall is not None
-        batch, queries = torch.arange(len(trainer.kvsall)), len(trainer.kvsall)
+        index = trainer.strategy.index  # type: ignore[attr-defined]
+        batch, queries = torch.arange(len(index)), len(index)
     res = trainer.compute_gradients(batch, None, global_queries=queries, global_batch=8)
     ones_e = torch.ones_like(model.entity)
     ones_r = torch.ones_like(model.relation)
-    me, mr = trainer._table_dropout(ones_e, ones_r, torch.arange(ones_r.shape[0]))
+    assert trainer.dropout is not None
+    me, mr = trainer.dropout.tables(
+        0, ones_e, ones_r, torch.arange(ones_r.shape[0]), tuple(ones_r.shape)
+    )
     assert 0.3 < float((me == 0).float().mean()) < 0.7
 
     ent = model.entity.detach().clone().requires_grad_()
@@ -175,7 +181,7 @@ def test_dropout_in_all_entity_modes_equals_masked_reference(mode: str, loss: st
         )
         total = torch.nn.functional.cross_entropy(scores, torch.cat((t, h)), reduction="sum")
     else:
-        idx = trainer.kvsall
+        idx = trainer.strategy.index  # type: ignore[attr-defined]
         a, rr, side = idx.anchor, idx.relation, idx.side
         labels = idx.labels(batch, NE)
         scores = torch.stack(
@@ -253,8 +259,7 @@ def test_kvsall_labels_are_all_known_answers() -> None:
     model = _model("distmult")
     cfg = TrainingConfig(mode="kvsall", loss="bce", batch_size=4)
     trainer = Trainer(model, train, training=cfg, regularizer=RegularizerConfig(), seed=0)
-    idx = trainer.kvsall
-    assert idx is not None
+    idx = trainer.strategy.index  # type: ignore[attr-defined]
     labels = idx.labels(torch.arange(len(idx)), NE)
     got = set()
     for q in range(len(idx)):
@@ -343,7 +348,7 @@ def test_regularizers_hand_computed() -> None:
             regularizer=RegularizerConfig(type=kind, weight=0.5, p=p), seed=0,
         )  # fmt: skip
         rr = r[:, :1] if name == "rotate" else r
-        return float(trainer._regularization(h, rr, t))
+        return float(trainer.regularizer(h, rr, t))
 
     assert reg("distmult", "lp", 2.0) == pytest.approx(0.5 * (9 + 16 + 1 + 4 + 0 + 1))
     assert reg("distmult", "lp", 1.0) == pytest.approx(0.5 * (3 + 4 + 1 + 2 + 0 + 1))
@@ -361,17 +366,17 @@ def test_gradient_clipping_bounds_the_global_norm() -> None:
     trainer = Trainer(model, _triples(8), training=cfg, regularizer=RegularizerConfig(), seed=0)
     batch = _triples(8, 5)
     res = trainer.compute_gradients(
-        batch, trainer._draw_negatives(8, trainer.generator(1)), global_queries=8, global_batch=8
+        batch, trainer.strategy.draw(8, trainer.generator(1)), global_queries=8, global_batch=8
     )
     before = sum(float(g.values.pow(2).sum()) for g in res.grads.values()) ** 0.5
     assert before > 1e-3
-    trainer._clip(res.grads)
+    clip_grad_norm(res.grads, cfg.clip_grad_norm)
     after = sum(float(g.values.pow(2).sum()) for g in res.grads.values()) ** 0.5
     assert after == pytest.approx(1e-3, rel=1e-4)
 
 
 def test_callbacks_see_every_event_in_order() -> None:
-    from kgpipe.training import Callback
+    from kgpipe.training.hooks import Callback
 
     events: list[tuple] = []
 
@@ -456,7 +461,7 @@ def test_parts_of_a_global_batch_sum_to_its_gradient(
             model, train, training=cfg, regularizer=reg, seed=0, part=part, dropout=dropout
         )
         batch = torch.arange(11) if mode == "kvsall" else _triples(11, 4)
-        negs = trainer._draw_negatives(11, torch.Generator().manual_seed(3))
+        negs = trainer.strategy.draw(11, torch.Generator().manual_seed(3))
         res = trainer.compute_gradients(
             batch, negs, global_queries=22 if mode == "1vsall" else 11, global_batch=11
         )

@@ -1,30 +1,9 @@
-"""Reading knowledge graphs: files from any fsspec URL, several formats, stable integer ids.
+"""Reading knowledge graphs: files from any fsspec URL (:mod:`.io`), several formats
+(:mod:`.formats`, the ``data.format`` registry), stable integer ids (:mod:`.vocab`), the named
+benchmarks (:mod:`.benchmarks`), whole data sets (:mod:`.dataset`: :func:`load_dataset` turns a
+``DataConfig`` into int64 ``(n, 3)`` tensors per split) and the training shards staged in a run
+folder (:mod:`.shards`).
 
-The entry point is :func:`load_dataset`, which turns a :class:`~kgpipe.config.DataConfig` into a
-:class:`TripleDataset` (int64 ``[n, 3]`` tensors per split plus the :class:`Vocabulary`).
+Import from the modules: the formats sit below the config (which validates ``data.format``
+against their registry), the data sets above it.
 """
-
-from __future__ import annotations
-
-from kgpipe.data.benchmarks import BENCHMARKS, BUNDLED, SPLITS, resolve_benchmark
-from kgpipe.data.dataset import SplitReport, TripleDataset, load_dataset
-from kgpipe.data.formats import FORMATS, LabeledTriples, detect_format, parse_triples
-from kgpipe.data.io import read_bytes, split_compression
-from kgpipe.data.vocab import Vocabulary
-
-__all__ = [
-    "BENCHMARKS",
-    "BUNDLED",
-    "FORMATS",
-    "SPLITS",
-    "LabeledTriples",
-    "SplitReport",
-    "TripleDataset",
-    "Vocabulary",
-    "detect_format",
-    "load_dataset",
-    "parse_triples",
-    "read_bytes",
-    "resolve_benchmark",
-    "split_compression",
-]

@@ -16,6 +16,7 @@ from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.io import read_bytes
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
+from kgpipe.storage import RetryPolicy
 
 __all__ = ["SplitReport", "TripleDataset", "load_dataset"]
 
@@ -112,8 +113,8 @@ def _sources(cfg: DataConfig) -> list[_Source]:
     return out
 
 
-def _parse(src: _Source, cfg: DataConfig) -> tuple[LabeledTriples, str]:
-    data = read_bytes(src.url, src.storage_options)
+def _parse(src: _Source, cfg: DataConfig, retry: RetryPolicy | None) -> tuple[LabeledTriples, str]:
+    data = read_bytes(src.url, src.storage_options, retry=retry)
     digest = hashlib.sha256(data).hexdigest()
     if src.benchmark is not None:
         expected = BENCHMARKS[src.benchmark][src.split]
@@ -157,7 +158,7 @@ def _first_occurrences(rows: np.ndarray, num_entities: int, num_relations: int) 
     return first
 
 
-def load_dataset(cfg: DataConfig) -> TripleDataset:
+def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> TripleDataset:
     """Read, parse and index the splits described by ``cfg``.
 
     Splits come from ``cfg.dataset`` (a named benchmark, checksum-verified) and/or the
@@ -167,14 +168,15 @@ def load_dataset(cfg: DataConfig) -> TripleDataset:
     according to ``cfg.unseen``. Ids: see :class:`~kgpipe.data.vocab.Vocabulary`.
 
     Raises :class:`~kgpipe.errors.DataError` for unreadable or malformed files, checksum
-    mismatches and (with ``unseen="error"``) unseen entities/relations.
+    mismatches and (with ``unseen="error"``) unseen entities/relations. Reads from object
+    stores are retried by ``retry`` (the run's ``fault_tolerance`` storage policy).
     """
     sources = _sources(cfg)
     parsed: dict[str, LabeledTriples] = {}
     digests: dict[str, str] = {}
     by_split = {src.split: src for src in sources}
     for src in sources:
-        parsed[src.split], digests[src.split] = _parse(src, cfg)
+        parsed[src.split], digests[src.split] = _parse(src, cfg, retry)
 
     train = parsed["train"]
     if not train.heads:

@@ -13,7 +13,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
-from kgpipe.errors import DataError
+from kgpipe.errors import DataError, StorageAccessDenied, StorageError
+from kgpipe.storage import RetryPolicy, read_url
 
 __all__ = ["COMPRESSIONS", "decompress", "read_bytes", "split_compression"]
 
@@ -103,21 +104,27 @@ def decompress(data: bytes, compression: str | None, *, source: str) -> bytes:
         raise DataError(source, f"cannot decompress ({compression}): {detail}") from None
 
 
-def read_bytes(url: str, storage_options: dict[str, Any] | None = None) -> bytes:
+def read_bytes(
+    url: str, storage_options: dict[str, Any] | None = None, *, retry: RetryPolicy | None = None
+) -> bytes:
     """Read a whole file from any fsspec URL and decompress it by its extension.
 
     ``url`` may be a local path, ``file://``, ``s3://``, ``memory://`` or any other URL fsspec
-    understands; ``storage_options`` are passed to the filesystem. Files ending in ``.gz``,
+    understands; ``storage_options`` are passed to the filesystem, and transient object-store
+    faults are retried by ``retry`` (:func:`kgpipe.storage.read_url`). Files ending in ``.gz``,
     ``.bz2``, ``.xz`` and ``.zst``/``.zstd`` are decompressed (the last needs the optional
     ``zstandard`` package).
 
-    Raises :class:`~kgpipe.errors.DataError` when the file is missing, unreadable or corrupt.
+    Raises :class:`~kgpipe.errors.DataError` when the file is missing, unreadable or corrupt, and
+    :class:`~kgpipe.errors.StorageError` when the store stays unreachable.
     """
-    import fsspec
-
     try:
-        with fsspec.open(url, "rb", compression=None, **(storage_options or {})) as f:
-            raw = f.read()
+        raw = read_url(url, storage_options, retry=retry)
+    except StorageAccessDenied as err:  # wrong credentials: the input cannot be read, ever
+        detail = "access denied" + str(err).partition("access denied")[2]
+        raise DataError(url, f"cannot read: {detail}") from None
+    except StorageError:  # unreachable after the retries: maybe later (a task may retry)
+        raise
     except FileNotFoundError:
         raise DataError(url, "file not found") from None
     except IsADirectoryError:

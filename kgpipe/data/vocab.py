@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from kgpipe.data.io import read_bytes
 from kgpipe.errors import DataError, KgpipeError
+from kgpipe.storage import RetryPolicy, Store
 
 __all__ = ["Vocabulary", "escape_label", "unescape_label"]
 
@@ -142,32 +144,40 @@ class Vocabulary:
         except KeyError:
             raise _unknown("relation", label, self.relations) from None
 
-    def write(self, dir_url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def write(
+        self,
+        dir_url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> None:
         """Write ``entities.tsv`` and ``relations.tsv`` (``id<TAB>label`` lines) to ``dir_url``.
 
         Labels are backslash-escaped (``\\\\``, ``\\t``, ``\\n``, ``\\r``) so that any label
         round-trips through :meth:`read`. ``dir_url`` is any fsspec URL; it is created if needed.
+        Writes go through :class:`~kgpipe.storage.Store` (atomic locally, retried on transient
+        object-store faults).
         """
-        import fsspec
-
-        so = storage_options or {}
         base = dir_url.rstrip("/") or dir_url
         try:
-            fs, path = fsspec.core.url_to_fs(base, **so)
-            fs.makedirs(path, exist_ok=True)
+            store = Store(base, storage_options, retry=retry)
         except (OSError, ValueError, ImportError) as err:
             raise DataError(base, f"cannot create the vocabulary folder: {err}") from None
         for name, labels in (("entities.tsv", self.entities), ("relations.tsv", self.relations)):
-            url = f"{base}/{name}"
             body = "".join(f"{i}\t{escape_label(label)}\n" for i, label in enumerate(labels))
             try:
-                with fsspec.open(url, "wb", **so) as f:
-                    f.write(body.encode("utf-8"))
+                store.write_text(name, body)
             except OSError as err:
-                raise DataError(url, f"cannot write: {err}") from None
+                raise DataError(store.url_of(name), f"cannot write: {err}") from None
 
     @classmethod
-    def read(cls, dir_url: str, storage_options: dict[str, Any] | None = None) -> Vocabulary:
+    def read(
+        cls,
+        dir_url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryPolicy | None = None,
+    ) -> Vocabulary:
         """Read a vocabulary written by :meth:`write`.
 
         Ids must be ``0..n-1`` in order and labels unique; anything else raises
@@ -175,15 +185,15 @@ class Vocabulary:
         """
         base = dir_url.rstrip("/") or dir_url
         return cls(
-            entities=_read_labels(f"{base}/entities.tsv", storage_options),
-            relations=_read_labels(f"{base}/relations.tsv", storage_options),
+            entities=_read_labels(f"{base}/entities.tsv", storage_options, retry),
+            relations=_read_labels(f"{base}/relations.tsv", storage_options, retry),
         )
 
 
-def _read_labels(url: str, storage_options: dict[str, Any] | None) -> tuple[str, ...]:
-    from kgpipe.data.io import read_bytes
-
-    data = read_bytes(url, storage_options)
+def _read_labels(
+    url: str, storage_options: dict[str, Any] | None, retry: RetryPolicy | None
+) -> tuple[str, ...]:
+    data = read_bytes(url, storage_options, retry=retry)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

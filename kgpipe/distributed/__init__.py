@@ -1,7 +1,5 @@
-"""Distributed training on Dask: shards in storage, a gang of torch.distributed ranks, and
-step- or epoch-level aggregation (see ``docs/distributed.md``).
-
-Modules: :mod:`.sharding` (shards + manifest), :mod:`.cluster` (LocalCluster, LocalCUDACluster
-or an existing scheduler), :mod:`.gang` (all-or-nothing launch), :mod:`.rank` (a rank's task),
-:mod:`.comm` (exchanges and compression), :mod:`.driver` (the driver side).
+"""Distributed training on Dask: clusters as configuration (:mod:`.clusters`, the
+``distributed.cluster`` registry), the all-or-nothing gang launch (:mod:`.gang`) and what the
+ranks exchange (:mod:`.comm`). The launcher that drives a gang and the task each rank runs are in
+:mod:`kgpipe.launch`; see ``docs/distributed.md``.
 """

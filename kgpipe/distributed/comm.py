@@ -24,8 +24,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from kgpipe.training.exchange import Exchange, Trainable
 from kgpipe.training.optim import RowGrad
-from kgpipe.training.trainer import Exchange, Trainer
 
 __all__ = ["Comm", "EpochExchange", "StepExchange"]
 
@@ -182,7 +182,7 @@ class StepExchange(Exchange):
         self.dense_tables = dense_tables
         self._tables: dict[str, Tensor] = {}
 
-    def bind(self, trainer: Trainer) -> None:
+    def bind(self, trainer: Trainable) -> None:
         self._tables = trainer.tables
 
     def _use_dense(self, name: str, grad: RowGrad, table: Tensor) -> bool:
@@ -224,7 +224,7 @@ class StepExchange(Exchange):
         return out
 
     def epoch_end(
-        self, trainer: Trainer, loss_sum: float, queries: int, triples: int
+        self, trainer: Trainable, loss_sum: float, queries: int, triples: int
     ) -> tuple[float, int, int]:
         # every rank saw the whole global batch: triples are already global
         buf = self.comm.dense_sum(
@@ -251,10 +251,10 @@ class EpochExchange(Exchange):
         self._start: dict[str, Tensor] = {}
         self._counts: dict[str, Tensor] = {}
 
-    def bind(self, trainer: Trainer) -> None:
+    def bind(self, trainer: Trainable) -> None:
         self._snapshot(trainer)
 
-    def _snapshot(self, trainer: Trainer) -> None:
+    def _snapshot(self, trainer: Trainable) -> None:
         self._start = {k: t.clone() for k, t in trainer.tables.items()}
         self._counts = {
             k: torch.zeros(t.shape[0], device=t.device) for k, t in trainer.tables.items()
@@ -271,7 +271,7 @@ class EpochExchange(Exchange):
         return grads
 
     def epoch_end(
-        self, trainer: Trainer, loss_sum: float, queries: int, triples: int
+        self, trainer: Trainable, loss_sum: float, queries: int, triples: int
     ) -> tuple[float, int, int]:
         opt = trainer.optimizer
         state = opt.state_dict()

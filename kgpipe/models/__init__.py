@@ -1,24 +1,7 @@
-"""Models: stateless interactions (scoring functions) and the embedding-table model."""
+"""Models: stateless interactions (:mod:`.interactions`, the ``model.name`` registry), the
+model spec stored with every model file (:mod:`.spec`) and the embedding-table model
+(:mod:`.model`).
 
-from kgpipe.models.interactions import (
-    INTERACTIONS,
-    ComplEx,
-    DistMult,
-    Interaction,
-    RotatE,
-    TransE,
-    get_interaction,
-)
-from kgpipe.models.model import KGEModel, ModelSpec
-
-__all__ = [
-    "INTERACTIONS",
-    "ComplEx",
-    "DistMult",
-    "Interaction",
-    "KGEModel",
-    "ModelSpec",
-    "RotatE",
-    "TransE",
-    "get_interaction",
-]
+Import from the modules: the interactions sit below the config (which validates model names
+against their registry), the model above it.
+"""

@@ -38,6 +38,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from kgpipe.registry import Registry
+
 log = logging.getLogger("kgpipe.models")
 
 __all__ = [
@@ -53,12 +55,33 @@ __all__ = [
 
 
 class Interaction(ABC):
-    """A scoring function over embeddings (see the module docstring for shapes)."""
+    """A scoring function over embeddings (see the module docstring for shapes).
 
-    #: registry name
+    Besides scoring, a class states the traits that the rest of kgpipe reads instead of asking
+    which model it is: how its rows are laid out, what its relations are, which options apply.
+    """
+
+    #: registry name (set by ``@INTERACTIONS.register``)
     name: ClassVar[str]
+    #: the score function in words, stored with exported embeddings
+    scoring: ClassVar[str]
     #: rough multiply-adds per (query, candidate) pair and dimension, for GFLOP/s reports
     flops_per_pair_dim: ClassVar[float] = 2.0
+    #: rows are ``dim/2`` complex numbers ``[real parts | imaginary parts]`` (``dim`` even;
+    #: the N3 penalty is taken over complex moduli)
+    complex_rows: ClassVar[bool] = False
+    #: relation rows are rotation phases: initialised uniformly in ``[-π, π]``, never dropped
+    #: out (a zeroed phase is another rotation, not a weaker one) and never regularised
+    phase_relations: ClassVar[bool] = False
+    #: scores carry the offset γ of ``model.margin``
+    uses_margin: ClassVar[bool] = False
+    #: scores are matrix products ``query @ candidates.T``: worth running in bfloat16, and
+    #: fusable with a softmax loss
+    bilinear: ClassVar[bool] = False
+
+    def __init__(self, *, p: int = 2, margin: float = 0.0) -> None:
+        """Every interaction takes the model options it might use (``model.p``, ``.margin``)."""
+        self.margin = margin if self.uses_margin else 0.0
 
     def relation_dim(self, dim: int) -> int:
         """Width of a relation row for entity rows of width ``dim``."""
@@ -77,10 +100,17 @@ class Interaction(ABC):
         """Scores ``(*g, b, n)`` of queries ``(?, r, t)`` against candidate heads."""
 
 
+INTERACTIONS: Registry[Interaction] = Registry(
+    "model", doc="interaction (scoring) functions: model.name"
+)
+
+
 class BilinearInteraction(Interaction):
     """A model whose tail scores are a product ``tail_query(h, r) @ candidates.T``: training can
     then fuse the product with the loss (:func:`~kgpipe.training.losses.linear_softmax_cross_entropy`).
     """
+
+    bilinear = True
 
     @abstractmethod
     def tail_query(self, h: Tensor, r: Tensor) -> Tensor:
@@ -110,16 +140,18 @@ def _sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
     return d2.add_(qq).clamp_min(1e-12)
 
 
+@INTERACTIONS.register("transe")
 class TransE(Interaction):
     """Translational distance ``γ - ‖h + r - t‖_p`` (Bordes et al., 2013)."""
 
-    name = "transe"
+    scoring = "score(h,r,t) = gamma - ||h + r - t||_p  (real vectors of dim)"
+    uses_margin = True
 
     def __init__(self, *, p: int = 2, margin: float = 0.0) -> None:
+        super().__init__(p=p, margin=margin)
         if p not in (1, 2):
             raise ValueError("TransE supports p = 1 or 2")
         self.p = p
-        self.margin = margin
 
     def _dist(self, q: Tensor, c: Tensor) -> Tensor:
         if self.p == 2:
@@ -139,10 +171,11 @@ class TransE(Interaction):
         return self.margin - self._dist(t - r, candidates)
 
 
+@INTERACTIONS.register("distmult")
 class DistMult(BilinearInteraction):
     """Bilinear diagonal ``Σ h ⊙ r ⊙ t`` (Yang et al., 2015)."""
 
-    name = "distmult"
+    scoring = "score(h,r,t) = sum(h * r * t)  (real vectors of dim)"
 
     def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         return (h * r * t).sum(-1)
@@ -154,10 +187,15 @@ class DistMult(BilinearInteraction):
         return (r * t) @ candidates.transpose(-1, -2)
 
 
+@INTERACTIONS.register("complex")
 class ComplEx(BilinearInteraction):
     """``Re(Σ h ⊙ r ⊙ conj(t))`` over ``dim/2`` complex components (Trouillon et al., 2016)."""
 
-    name = "complex"
+    scoring = (
+        "score(h,r,t) = Re(sum(h * r * conj(t))); rows are dim/2 complex numbers stored as "
+        "[real parts | imaginary parts]"
+    )
+    complex_rows = True
 
     def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
         hr, hi = _split(h)
@@ -195,8 +233,8 @@ class _ModulusSum(torch.autograd.Function):
 
     ``qr, qi``: ``(*g, b, k)``; ``cr, ci``: ``(*g, n, k)`` or ``(n, k)``. The autograd form of
     the same expression materialises five ``(b, n, k)`` temporaries and keeps three for the
-    backward pass: memory-bound, 3.7x slower for RotatE's shared negatives on WN18RR
-    (measured, docs/benchmarks.md). Here the forward pass keeps only the inputs, and the
+    backward pass: memory-bound, several times slower for RotatE's shared negatives
+    (docs/benchmarks.md, RotatE). Here the forward pass keeps only the inputs, and the
     backward pass recomputes each slice: ``∂/∂q = g·(q - c)/dist`` summed over candidates,
     ``∂/∂c = -g·(q - c)/dist`` summed over queries.
     """
@@ -282,16 +320,24 @@ def _fused_modulus_sum(qr: Tensor, qi: Tensor, cr: Tensor, ci: Tensor) -> Tensor
         return None
 
 
+@INTERACTIONS.register("rotate")
 class RotatE(Interaction):
     """Rotation in complex space ``γ - Σ_k |h_k r_k - t_k|`` (Sun et al., 2019)."""
 
-    name = "rotate"
+    scoring = (
+        "score(h,r,t) = gamma - sum_k |h_k * r_k - t_k| (complex modulus); entity rows are dim/2 "
+        "complex numbers stored as [real parts | imaginary parts]; relation rows are dim/2 phases "
+        "theta in radians, r_k = cos(theta_k) + i sin(theta_k)"
+    )
     flops_per_pair_dim = 4.0  # per complex component: 2 sub, 2 mul+add, sqrt counted as one
+    complex_rows = True
+    phase_relations = True
+    uses_margin = True
 
-    def __init__(self, *, margin: float = 0.0, compiled: bool = True) -> None:
-        self.margin = margin
-        # torch.compile the (query x candidate) distances of large calls (2x per training step
-        # on the 2-core Xeon, docs/benchmarks.md)
+    def __init__(self, *, p: int = 2, margin: float = 0.0, compiled: bool = True) -> None:
+        super().__init__(p=p, margin=margin)
+        # torch.compile the (query x candidate) distances of large calls: there is no matrix
+        # product to lean on, and the fused kernel is the faster one (docs/benchmarks.md, RotatE)
         self.compiled = compiled
 
     def relation_dim(self, dim: int) -> int:
@@ -341,20 +387,6 @@ class RotatE(Interaction):
         return self.margin - self._modulus_sum(qr, qi, candidates)
 
 
-INTERACTIONS: dict[str, type[Interaction]] = {
-    cls.name: cls for cls in (TransE, DistMult, ComplEx, RotatE)
-}
-
-
 def get_interaction(name: str, *, p: int = 2, margin: float = 0.0) -> Interaction:
     """Build an interaction by registry name; unknown names list the known ones."""
-    try:
-        cls = INTERACTIONS[name]
-    except KeyError:
-        known = ", ".join(sorted(INTERACTIONS))
-        raise ValueError(f"unknown model {name!r}; known: {known}") from None
-    if cls is TransE:
-        return TransE(p=p, margin=margin)
-    if cls is RotatE:
-        return RotatE(margin=margin)
-    return cls()
+    return INTERACTIONS.get(name)(p=p, margin=margin)

@@ -1,57 +1,35 @@
 """A KGE model: an entity table, a relation table and an interaction.
 
 The tables are plain parameters; the trainer gathers the rows a batch touches and updates only
-those (see :mod:`kgpipe.training.optim`). With ``reciprocal=True`` the relation table has ``2R``
-rows: row ``r + R`` is the inverse of relation ``r``, and head queries ``(?, r, t)`` are answered as
-tail queries ``(t, r + R, ?)``.
+those (see :mod:`kgpipe.training.optim`). Reciprocal models: see :class:`ModelSpec`.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
 
 import torch
 from torch import Tensor, nn
 
 from kgpipe.config import ModelConfig
-from kgpipe.models.interactions import Interaction, RotatE, get_interaction
+from kgpipe.models.interactions import INTERACTIONS, Interaction
+from kgpipe.models.spec import ModelSpec
 
-__all__ = ["KGEModel", "ModelSpec"]
+__all__ = ["KGEModel", "spec_from_config"]
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """Everything needed to rebuild a model's shapes and scoring (stored with its tensors)."""
-
-    name: str
-    dim: int
-    num_entities: int
-    num_relations: int
-    p: int = 2
-    margin: float = 0.0
-    reciprocal: bool = False
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> ModelSpec:
-        return cls(**json.loads(text))
-
-    @classmethod
-    def from_config(cls, cfg: ModelConfig, *, num_entities: int, num_relations: int) -> ModelSpec:
-        margin = cfg.margin if cfg.name in ("transe", "rotate") else 0.0
-        return cls(
-            name=cfg.name,
-            dim=cfg.dim,
-            num_entities=num_entities,
-            num_relations=num_relations,
-            p=cfg.p,
-            margin=margin,
-            reciprocal=cfg.reciprocal,
-        )
+def spec_from_config(cfg: ModelConfig, *, num_entities: int, num_relations: int) -> ModelSpec:
+    """The spec of ``cfg`` for a graph of the given size."""
+    uses_margin = INTERACTIONS.get(cfg.name).uses_margin
+    return ModelSpec(
+        name=cfg.name,
+        dim=cfg.dim,
+        num_entities=num_entities,
+        num_relations=num_relations,
+        p=cfg.p,
+        margin=cfg.margin if uses_margin else 0.0,
+        reciprocal=cfg.reciprocal,
+    )
 
 
 class KGEModel(nn.Module):
@@ -60,11 +38,11 @@ class KGEModel(nn.Module):
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
-        self.interaction: Interaction = get_interaction(spec.name, p=spec.p, margin=spec.margin)
-        rel_rows = spec.num_relations * (2 if spec.reciprocal else 1)
+        self.interaction: Interaction = INTERACTIONS.get(spec.name)(p=spec.p, margin=spec.margin)
         self.entity = nn.Parameter(torch.zeros(spec.num_entities, spec.dim), requires_grad=False)
         self.relation = nn.Parameter(
-            torch.zeros(rel_rows, self.interaction.relation_dim(spec.dim)), requires_grad=False
+            torch.zeros(spec.relation_rows, self.interaction.relation_dim(spec.dim)),
+            requires_grad=False,
         )
 
     # -- construction -------------------------------------------------------------------------
@@ -73,9 +51,7 @@ class KGEModel(nn.Module):
         cls, cfg: ModelConfig, *, num_entities: int, num_relations: int, seed: int
     ) -> KGEModel:
         """A freshly initialised model; the draw depends only on ``seed``."""
-        model = cls(
-            ModelSpec.from_config(cfg, num_entities=num_entities, num_relations=num_relations)
-        )
+        model = cls(spec_from_config(cfg, num_entities=num_entities, num_relations=num_relations))
         gen = torch.Generator().manual_seed(seed)
         model.reset_parameters(init=cfg.init, scale=cfg.init_scale, generator=gen)
         return model
@@ -83,7 +59,7 @@ class KGEModel(nn.Module):
     @torch.no_grad()
     def reset_parameters(self, *, init: str, scale: float, generator: torch.Generator) -> None:
         for table in (self.entity, self.relation):
-            if table is self.relation and isinstance(self.interaction, RotatE):
+            if table is self.relation and self.interaction.phase_relations:
                 table.uniform_(-math.pi, math.pi, generator=generator)
             elif init == "normal":
                 table.normal_(0.0, scale, generator=generator)

@@ -1,28 +1,7 @@
-"""Training: negatives, losses, row-wise optimisers and the rank-ready loop."""
+"""Training: the loop (:mod:`.loop`), one step strategy per mode (:mod:`.steps`), and their
+parts -- losses, regularisers, dropout, row-wise optimisers, learning-rate schedules, seeds,
+records, callbacks (:mod:`.hooks`) and the rank exchange interface (:mod:`.exchange`).
 
-from kgpipe.training.losses import negative_sampling_loss, one_vs_all_loss
-from kgpipe.training.optim import RowAdagrad, RowAdam, RowGrad, build_optimizer, lr_at
-from kgpipe.training.trainer import (
-    Callback,
-    EpochStats,
-    Exchange,
-    StepResult,
-    Trainer,
-    derive_seed,
-)
-
-__all__ = [
-    "Callback",
-    "EpochStats",
-    "Exchange",
-    "RowAdagrad",
-    "RowAdam",
-    "RowGrad",
-    "StepResult",
-    "Trainer",
-    "build_optimizer",
-    "derive_seed",
-    "lr_at",
-    "negative_sampling_loss",
-    "one_vs_all_loss",
-]
+Import from the modules: the parts sit below the config (which validates names against their
+registries), the loop above it.
+"""

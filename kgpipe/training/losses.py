@@ -1,25 +1,142 @@
-"""Losses over positive and negative scores.
+"""Losses over positive and negative scores, one registered class per ``training.loss``.
 
-Negative-sampling losses take ``pos`` ``(b,)`` and ``neg`` ``(b, n)`` and return the per-positive
-loss ``(b,)``; the trainer weights and sums them. 1-vs-all losses take all-entity scores ``(b, E)``
-and targets.
+Negative sampling scores a positive ``pos`` ``(b,)`` against negatives ``neg`` ``(b, n)`` and
+gives the per-positive loss ``(b,)``; the step weights and sums them. Losses that can also score
+a query against every entity (1-vs-all, KvsAll) take all-entity scores ``(b, E)`` and targets:
+class ids ``(b,)`` or a multi-hot matrix ``(b, E)``.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kgpipe.registry import Registry
+
 __all__ = [
-    "NEGATIVE_SAMPLING_LOSSES",
+    "LOSSES",
+    "Loss",
     "linear_softmax_cross_entropy",
     "negative_sampling_loss",
     "one_vs_all_loss",
     "softmax_cross_entropy",
 ]
 
-NEGATIVE_SAMPLING_LOSSES = ("margin", "softplus", "bce", "nssa", "cross_entropy")
+
+class Loss(ABC):
+    """A training loss; the options of ``training`` it may use are given to every loss."""
+
+    name: ClassVar[str]
+    #: scores a query against every entity too (training.mode 1vsall and kvsall)
+    all_entities: ClassVar[bool] = False
+    #: softmax cross-entropy over the candidates: computed in float32 whatever the scores'
+    #: dtype, and fusable with a bilinear score product (no ``(b, E)`` score matrix)
+    softmax: ClassVar[bool] = False
+
+    def __init__(
+        self, *, margin: float = 1.0, temperature: float = 1.0, label_smoothing: float = 0.0
+    ) -> None:
+        self.margin = margin
+        self.temperature = temperature
+        self.label_smoothing = label_smoothing
+
+    @abstractmethod
+    def negative_sampling(self, pos: Tensor, neg: Tensor) -> Tensor:
+        """Per-positive loss ``(b,)`` of scores ``pos`` ``(b,)`` against ``neg`` ``(b, n)``."""
+
+    def against_all(self, scores: Tensor, targets: Tensor) -> Tensor:
+        """Per-query loss ``(b,)`` of all-entity scores ``(b, E)`` (losses with ``all_entities``)."""
+        known = ", ".join(n for n in LOSSES if LOSSES.get(n).all_entities)
+        raise ValueError(f"1-vs-all training supports losses {known}, not {self.name!r}")
+
+
+LOSSES: Registry[Loss] = Registry("loss", doc="training losses: training.loss")
+
+
+@LOSSES.register("margin")
+class MarginLoss(Loss):
+    """Margin ranking: mean over negatives of ``max(0, margin - pos + neg)``."""
+
+    def negative_sampling(self, pos: Tensor, neg: Tensor) -> Tensor:
+        return F.relu(self.margin - pos.unsqueeze(-1) + neg).mean(-1)
+
+
+@LOSSES.register("softplus")
+class SoftplusLoss(Loss):
+    """Logistic loss: ``softplus(-pos) + mean softplus(neg)``."""
+
+    def negative_sampling(self, pos: Tensor, neg: Tensor) -> Tensor:
+        return F.softplus(-pos) + F.softplus(neg).mean(-1)
+
+
+@LOSSES.register("nssa")
+class SelfAdversarialLoss(Loss):
+    """Self-adversarial negative sampling (Sun et al. 2019).
+
+    ``-log σ(pos) - Σ softmax(τ·neg)ᵢ log σ(-negᵢ)`` with the weights detached; scores already
+    include the model's margin γ.
+    """
+
+    def negative_sampling(self, pos: Tensor, neg: Tensor) -> Tensor:
+        weights = torch.softmax(neg.detach() * self.temperature, dim=-1)
+        return -F.logsigmoid(pos) - (weights * F.logsigmoid(-neg)).sum(-1)
+
+
+@LOSSES.register("cross_entropy")
+class CrossEntropyLoss(Loss):
+    """Softmax cross-entropy of the positive among its candidates.
+
+    Against all entities with a multi-hot target matrix (KvsAll) the target is the uniform
+    distribution over a query's answers (LibKGE's KvsAll with the ``kl`` loss), smoothed towards
+    the uniform distribution over all entities by ``label_smoothing``.
+    """
+
+    all_entities = True
+    softmax = True
+
+    def negative_sampling(self, pos: Tensor, neg: Tensor) -> Tensor:
+        logits = torch.cat((pos.unsqueeze(-1), neg), dim=-1)
+        target = torch.zeros(pos.shape[0], dtype=torch.long, device=pos.device)
+        return F.cross_entropy(
+            logits, target, reduction="none", label_smoothing=self.label_smoothing
+        )
+
+    def against_all(self, scores: Tensor, targets: Tensor) -> Tensor:
+        if targets.dim() == 2:
+            probs = targets / targets.sum(-1, keepdim=True).clamp_min(1.0)
+            return F.cross_entropy(
+                scores.float(), probs, label_smoothing=self.label_smoothing, reduction="none"
+            )
+        return softmax_cross_entropy(scores, targets, self.label_smoothing)
+
+
+@LOSSES.register("bce")
+class BCELoss(Loss):
+    """Binary cross-entropy with logits; positive label ``1 - ε``, negative ``ε``."""
+
+    all_entities = True
+
+    def negative_sampling(self, pos: Tensor, neg: Tensor) -> Tensor:
+        eps = self.label_smoothing
+        pos_l = F.binary_cross_entropy_with_logits(
+            pos, torch.full_like(pos, 1.0 - eps), reduction="none"
+        )
+        neg_l = F.binary_cross_entropy_with_logits(neg, torch.full_like(neg, eps), reduction="none")
+        return pos_l + neg_l.mean(-1)
+
+    def against_all(self, scores: Tensor, targets: Tensor) -> Tensor:
+        """Summed over entities, as in LibKGE's KvsAll (a mean would shrink gradients by 1/E);
+        targets smoothed towards ``ε / E``."""
+        if targets.dim() == 1:
+            targets = F.one_hot(targets, scores.shape[-1]).to(scores.dtype)
+        if self.label_smoothing:
+            eps = self.label_smoothing
+            targets = targets * (1.0 - eps) + eps / scores.shape[-1]
+        return F.binary_cross_entropy_with_logits(scores, targets, reduction="none").sum(-1)
 
 
 def negative_sampling_loss(
@@ -31,35 +148,17 @@ def negative_sampling_loss(
     temperature: float = 1.0,
     label_smoothing: float = 0.0,
 ) -> Tensor:
-    """Per-positive loss ``(b,)`` of positive scores ``(b,)`` against negatives ``(b, n)``.
+    """Per-positive loss ``(b,)`` of the registered loss ``name`` (see its class)."""
+    loss = LOSSES.get(name)(margin=margin, temperature=temperature, label_smoothing=label_smoothing)
+    return loss.negative_sampling(pos, neg)
 
-    * ``margin``: mean over negatives of ``max(0, margin - pos + neg)``.
-    * ``softplus``: ``softplus(-pos) + mean softplus(neg)`` (logistic loss).
-    * ``bce``: binary cross-entropy with logits, positive label ``1 - ε``, negative ``ε``.
-    * ``nssa``: self-adversarial negative sampling (Sun et al. 2019),
-      ``-log σ(pos) - Σ softmax(τ·neg)ᵢ log σ(-negᵢ)`` with the weights detached; scores already
-      include the model's margin γ.
-    * ``cross_entropy``: softmax cross-entropy of the positive among itself and its negatives.
-    """
-    if name == "margin":
-        return F.relu(margin - pos.unsqueeze(-1) + neg).mean(-1)
-    if name == "softplus":
-        return F.softplus(-pos) + F.softplus(neg).mean(-1)
-    if name == "bce":
-        eps = label_smoothing
-        pos_l = F.binary_cross_entropy_with_logits(
-            pos, torch.full_like(pos, 1.0 - eps), reduction="none"
-        )
-        neg_l = F.binary_cross_entropy_with_logits(neg, torch.full_like(neg, eps), reduction="none")
-        return pos_l + neg_l.mean(-1)
-    if name == "nssa":
-        weights = torch.softmax(neg.detach() * temperature, dim=-1)
-        return -F.logsigmoid(pos) - (weights * F.logsigmoid(-neg)).sum(-1)
-    if name == "cross_entropy":
-        logits = torch.cat((pos.unsqueeze(-1), neg), dim=-1)
-        target = torch.zeros(pos.shape[0], dtype=torch.long, device=pos.device)
-        return F.cross_entropy(logits, target, reduction="none", label_smoothing=label_smoothing)
-    raise ValueError(f"unknown loss {name!r}; known: {', '.join(NEGATIVE_SAMPLING_LOSSES)}")
+
+def one_vs_all_loss(
+    name: str, scores: Tensor, targets: Tensor, *, label_smoothing: float = 0.0
+) -> Tensor:
+    """Per-query loss ``(b,)`` of all-entity scores ``(b, E)`` under the registered loss
+    ``name``; ``targets`` are class ids ``(b,)`` (1-vs-all) or multi-hot ``(b, E)`` (KvsAll)."""
+    return LOSSES.get(name)(label_smoothing=label_smoothing).against_all(scores, targets)
 
 
 class _SoftmaxCrossEntropy(torch.autograd.Function):
@@ -112,33 +211,6 @@ def softmax_cross_entropy(scores: Tensor, target: Tensor, label_smoothing: float
         raise ValueError("softmax_cross_entropy expects scores of shape (b, E)")
     out: Tensor = _SoftmaxCrossEntropy.apply(scores, target, float(label_smoothing))
     return out
-
-
-def one_vs_all_loss(
-    name: str, scores: Tensor, targets: Tensor, *, label_smoothing: float = 0.0
-) -> Tensor:
-    """Per-query loss ``(b,)`` of all-entity scores ``(b, E)``.
-
-    ``targets`` is either class ids ``(b,)`` (1-vs-all) or a multi-hot float matrix ``(b, E)``
-    (KvsAll). With a multi-hot matrix, ``cross_entropy`` is taken against the uniform
-    distribution over each row's true answers (LibKGE's KvsAll with the ``kl`` loss), smoothed
-    towards the uniform distribution over all entities by ``label_smoothing``.
-    """
-    if name == "cross_entropy":
-        if targets.dim() == 2:
-            probs = targets / targets.sum(-1, keepdim=True).clamp_min(1.0)
-            return F.cross_entropy(
-                scores.float(), probs, label_smoothing=label_smoothing, reduction="none"
-            )
-        return softmax_cross_entropy(scores, targets, label_smoothing)
-    if name == "bce":
-        if targets.dim() == 1:
-            targets = F.one_hot(targets, scores.shape[-1]).to(scores.dtype)
-        if label_smoothing:
-            targets = targets * (1.0 - label_smoothing) + label_smoothing / scores.shape[-1]
-        # summed over entities, as in LibKGE's KvsAll: a mean would shrink gradients by 1/E
-        return F.binary_cross_entropy_with_logits(scores, targets, reduction="none").sum(-1)
-    raise ValueError(f"1-vs-all training supports losses cross_entropy and bce, not {name!r}")
 
 
 class _LinearSoftmaxCrossEntropy(torch.autograd.Function):

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["RowAdagrad", "RowAdam", "RowGrad", "RowOptimizer", "build_optimizer", "lr_at"]
+from kgpipe.registry import Registry
+
+__all__ = [
+    "OPTIMIZERS",
+    "RowAdagrad",
+    "RowAdam",
+    "RowGrad",
+    "RowOptimizer",
+    "build_optimizer",
+]
 
 
 @dataclass
@@ -29,9 +38,21 @@ class RowGrad:
 
 
 class RowOptimizer(ABC):
-    """Base: holds per-table state tensors shaped like the tables."""
+    """Base: holds per-table state tensors shaped like the tables.
 
-    def __init__(self, tables: dict[str, Tensor], *, lr: float, eps: float) -> None:
+    Every optimiser takes the options of ``training`` it might use (``lr``, ``betas``, ``eps``).
+    """
+
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        tables: dict[str, Tensor],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> None:
         self.tables = tables
         self.lr = lr
         self.eps = eps
@@ -66,6 +87,11 @@ class RowOptimizer(ABC):
         """Restore what :meth:`state_dict` returned."""
 
 
+OPTIMIZERS: Registry[RowOptimizer] = Registry(
+    "optimizer", doc="row-wise sparse optimisers: training.optimizer"
+)
+
+
 def _covers_in_order(rows: Tensor, n: int) -> bool:
     """Whether unique ``rows`` are ``0..n-1`` in order (a 1-vs-all step touches every entity).
 
@@ -75,6 +101,7 @@ def _covers_in_order(rows: Tensor, n: int) -> bool:
     return n < 2 or bool((rows[1:] > rows[:-1]).all())
 
 
+@OPTIMIZERS.register("adam")
 class RowAdam(RowOptimizer):
     """Adam with lazy row-wise moments; bias correction uses the global step count."""
 
@@ -86,7 +113,7 @@ class RowAdam(RowOptimizer):
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
     ) -> None:
-        super().__init__(tables, lr=lr, eps=eps)
+        super().__init__(tables, lr=lr, betas=betas, eps=eps)
         self.beta1, self.beta2 = betas
         self.exp_avg = {k: torch.zeros_like(t) for k, t in tables.items()}
         self.exp_avg_sq = {k: torch.zeros_like(t) for k, t in tables.items()}
@@ -128,11 +155,19 @@ class RowAdam(RowOptimizer):
         self.step_count = int(state["step"][0])
 
 
+@OPTIMIZERS.register("adagrad")
 class RowAdagrad(RowOptimizer):
     """Adagrad with lazy row-wise accumulators (zero gradients leave rows unchanged anyway)."""
 
-    def __init__(self, tables: dict[str, Tensor], *, lr: float, eps: float = 1e-10) -> None:
-        super().__init__(tables, lr=lr, eps=eps)
+    def __init__(
+        self,
+        tables: dict[str, Tensor],
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-10,
+    ) -> None:
+        super().__init__(tables, lr=lr, betas=betas, eps=eps)
         self.sum = {k: torch.zeros_like(t) for k, t in tables.items()}
 
     @torch.no_grad()
@@ -167,55 +202,5 @@ def build_optimizer(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
 ) -> RowOptimizer:
-    """The row-wise optimiser registered under ``name`` (``adam`` or ``adagrad``)."""
-    if name == "adam":
-        return RowAdam(tables, lr=lr, betas=betas, eps=eps)
-    if name == "adagrad":
-        return RowAdagrad(tables, lr=lr, eps=eps)
-    raise ValueError(f"unknown optimizer {name!r}; known: adagrad, adam")
-
-
-def plateau_lr(
-    base: float,
-    scores: Sequence[float],
-    *,
-    factor: float,
-    patience: int,
-    threshold: float,
-    min_lr: float = 0.0,
-) -> float:
-    """The learning rate after the validation ``scores`` so far (higher is better) under
-    torch's ``ReduceLROnPlateau`` (mode max, relative threshold, no cooldown), starting at
-    ``base``.
-
-    The rate is a function of the validation history alone, which checkpoints carry: a resumed
-    run, and every rank of a gang, arrive at the same rate without a scheduler state of their
-    own. torch's scheduler is replayed on a stand-in optimiser so its rule is used as is.
-    """
-    holder = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base)
-    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(
-        holder,
-        mode="max",
-        factor=factor,
-        patience=patience,
-        threshold=threshold,
-        threshold_mode="rel",
-        min_lr=min_lr,
-    )
-    for score in scores:
-        scheduler.step(float(score))
-    return float(holder.param_groups[0]["lr"])
-
-
-def lr_at(step: int, *, base: float, warmup_steps: int, total_steps: int, schedule: str) -> float:
-    """Learning rate of (0-based) ``step``: linear warm-up, then constant/cosine/linear decay."""
-    if warmup_steps and step < warmup_steps:
-        return base * (step + 1) / warmup_steps
-    if schedule == "constant" or total_steps <= warmup_steps:
-        return base
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    if schedule == "cosine":
-        return base * 0.5 * (1.0 + math.cos(math.pi * progress))
-    if schedule == "linear":
-        return base * (1.0 - progress)
-    raise ValueError(f"unknown schedule {schedule!r}")
+    """The row-wise optimiser registered as ``name`` (``training.optimizer``)."""
+    return OPTIMIZERS.get(name)(tables, lr=lr, betas=betas, eps=eps)

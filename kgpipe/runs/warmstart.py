@@ -12,9 +12,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from kgpipe.data import Vocabulary
+from kgpipe.checkpoint import TrainState
+from kgpipe.data.vocab import Vocabulary
+from kgpipe.errors import RunError
+from kgpipe.models.model import KGEModel
+from kgpipe.runs.folder import RunFolder
+from kgpipe.runs.read import load_run
+from kgpipe.training.optim import build_optimizer
 
-__all__ = ["WarmStart", "warm_start_tables"]
+__all__ = ["WarmStart", "commit_warm_start", "warm_start_tables"]
 
 
 @dataclass(frozen=True)
@@ -78,3 +84,34 @@ def warm_start_tables(
         new_relations=n_new - kept_r,
         dropped_relations=n_old - kept_r,
     )
+
+
+def commit_warm_start(run: RunFolder, vocab: Vocabulary, source: str) -> dict[str, int]:
+    """Commit an epoch-0 checkpoint of ``run`` whose tables come from the model of the run
+    folder at ``source``, matched by label; returns the counts of kept, new and dropped rows."""
+    previous = load_run(source, run.config.run.storage_options)
+    cfg = run.config
+    model = KGEModel.build(
+        cfg.model,
+        num_entities=run.num_entities,
+        num_relations=run.num_relations,
+        seed=cfg.run.seed,
+    )
+    try:
+        ws = warm_start_tables(
+            previous.vocab,
+            previous.model.entity.data,
+            previous.model.relation.data,
+            vocab,
+            model.entity.data,
+            model.relation.data,
+        )
+    except ValueError as err:
+        raise RunError(f"{source}: {err}") from None
+    tables = {"entity": ws.entity, "relation": ws.relation}
+    t = cfg.training
+    optimizer = build_optimizer(t.optimizer, tables, lr=t.lr, betas=t.betas, eps=t.eps)
+    state = TrainState(0, 0, tables, optimizer.state_dict(), [], torch.get_rng_state())
+    meta = {**run.manifest_meta(1), "warm_start": {"source": source, **ws.summary()}}
+    run.checkpoints().save(state, meta)
+    return ws.summary()

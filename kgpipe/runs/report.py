@@ -5,10 +5,9 @@ from __future__ import annotations
 import base64
 import io
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from kgpipe.run import StagedRun
+from kgpipe.runs.folder import CURVES, RunFolder
 
 __all__ = ["curve_png", "markdown_report"]
 
@@ -42,7 +41,7 @@ def _fmt(x: Any) -> str:
 
 
 def markdown_report(
-    run: StagedRun,
+    run: RunFolder,
     results: dict[str, Any] | None,
     history: Sequence[dict[str, Any]],
     *,
@@ -88,5 +87,5 @@ def markdown_report(
     if png is not None:
         data = base64.b64encode(png).decode()
         lines += [f"![loss and validation MRR](data:image/png;base64,{data})", "",
-                  f"Curve: `{run.store.url_of('curves.png')}`"]  # fmt: skip
+                  f"Curve: `{run.store.url_of(CURVES)}`"]  # fmt: skip
     return "\n".join(lines) + "\n"

@@ -1,0 +1,56 @@
+"""The Prefect orchestrator of ``kgpipe train``: runs the ``train-kge`` flow in this process.
+
+Registered as the ``prefect`` entry point of ``kgpipe.orchestrators`` (``pyproject.toml``), so
+the library's CLI finds it without importing Prefect itself. Prefect is imported only after the
+local defaults below are in the environment (its settings are read at import).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.runs.folder import RESULTS, run_store
+from kgpipe.runs.stage import preflight
+from kgpipe.training.hooks import Callback
+
+__all__ = ["local_prefect_defaults", "run"]
+
+
+def local_prefect_defaults() -> None:
+    """Environment defaults for running a flow on Prefect's temporary local API server; call
+    before Prefect is imported. A value already set wins.
+
+    * no telemetry: offline it only logs an error;
+    * a patient start-up wait instead of Prefect's 20 s: the first start on a new machine
+      creates and migrates the database, which on 2 busy cores took longer than that (the flow
+      then failed with "Timed out while attempting to connect to ephemeral Prefect API server").
+    """
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def run(
+    config: RunConfig,
+    *,
+    resume: bool,
+    overwrite: bool,
+    callbacks: Sequence[Callback],
+    log: Callable[[str], None] | None = None,
+) -> tuple[str, dict[str, Any] | None]:
+    """Run the ``train-kge`` flow for ``config`` (the temporary local Prefect API unless
+    ``PREFECT_API_URL`` is set); returns the run folder's URL and its test results."""
+    # bad input stops here with a plain message, before Prefect logs a task failure and before
+    # an existing run folder would be replaced
+    config = preflight(config, overwrite=overwrite, resume=resume)
+    local_prefect_defaults()
+    from flows.train import build_train_flow
+
+    flow = build_train_flow(callbacks)
+    summary = flow(config, resume=not overwrite, overwrite=overwrite)
+    store = run_store(config)
+    results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None
+    return str(summary["run"]), results

@@ -1,0 +1,79 @@
+"""``kgpipe train``: a run, through the Prefect flow by default or the plain library loop."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from rich.console import Console
+
+from kgpipe.cli.orchestrators import NONE, load_orchestrator, orchestrator_names
+from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics
+from kgpipe.config import load_config
+from kgpipe.pipeline import train
+from kgpipe.training.hooks import Callback
+
+NAME = "train"
+HELP = "train a model and write a run folder"
+DEFAULT_ORCHESTRATOR = "prefect"
+
+
+def add_arguments(t: argparse.ArgumentParser) -> None:
+    t.add_argument("-c", "--config", required=True, help="YAML config (any fsspec URL)")
+    t.add_argument(
+        "--set", action="append", metavar="KEY.PATH=VALUE", help="override a config value"
+    )
+    t.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    t.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run folder's latest committed checkpoint (a fresh run if none)",
+    )
+    t.add_argument(
+        "--orchestrator",
+        metavar="NAME",
+        default=None,
+        help=f"who runs the training: {DEFAULT_ORCHESTRATOR} (the Prefect flow train-kge, the "
+        f"default where installed) or {NONE} (the plain library loop); `kgpipe ls` lists them",
+    )
+    t.add_argument(
+        "--no-prefect",
+        action="store_true",
+        help=f"the same as --orchestrator {NONE}",
+    )
+    t.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+
+def _orchestrator(args: argparse.Namespace) -> str:
+    if args.no_prefect:
+        return NONE
+    if args.orchestrator:
+        return str(args.orchestrator)
+    return DEFAULT_ORCHESTRATOR if DEFAULT_ORCHESTRATOR in orchestrator_names() else NONE
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    config = load_config(args.config, args.set or [])
+    callbacks: list[Callback] = [] if args.quiet else [TrainProgress(console)]
+    log = None if args.quiet else console.log
+    t0 = time.perf_counter()
+    who = _orchestrator(args)
+    if who == NONE:
+        result = train(
+            config,
+            callbacks=callbacks,
+            overwrite=args.overwrite,
+            resume=args.resume,
+            log=log,
+            eval_progress=None if args.quiet else EvalProgress(console, "test ranking"),
+        )
+        url, results = result.url, result.results
+    else:
+        orchestrate = load_orchestrator(who)
+        url, results = orchestrate(
+            config, resume=args.resume, overwrite=args.overwrite, callbacks=callbacks, log=log
+        )
+    if results is not None:
+        print_metrics(console, results, f"test ({results['triples']} triples, filtered)")
+    console.print(f"run folder: {url}  ({time.perf_counter() - t0:.1f} s)")
+    return 0

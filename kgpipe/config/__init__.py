@@ -1,0 +1,53 @@
+"""The one typed, frozen configuration tree of a kgpipe run.
+
+YAML in, :class:`RunConfig` out (:mod:`.io`). The sections live in :mod:`.sections` (run, data,
+model), :mod:`.training` (training, evaluation) and :mod:`.runtime` (distributed, checkpoint,
+fault tolerance); names of pluggable parts (models, losses, optimisers, schedules, modes,
+formats, clusters, regularisers) are checked against their registries (:mod:`kgpipe.registry`).
+:mod:`.hash` says what a run's parameters depend on.
+"""
+
+from kgpipe.config.base import clean_storage_options
+from kgpipe.config.hash import RESUMABLE_CHANGES, config_hash, hashed_view, training_differences
+from kgpipe.config.io import (
+    apply_overrides,
+    config_to_yaml,
+    load_config,
+    parse_config,
+    redact_secrets,
+)
+from kgpipe.config.run import RunConfig
+from kgpipe.config.runtime import CheckpointConfig, DistributedConfig, FaultToleranceConfig
+from kgpipe.config.sections import (
+    DataConfig,
+    DropoutConfig,
+    ModelConfig,
+    RegularizerConfig,
+    RunSection,
+)
+from kgpipe.config.training import EvaluationConfig, PlateauConfig, TrainingConfig
+
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "CheckpointConfig",
+    "DataConfig",
+    "DistributedConfig",
+    "DropoutConfig",
+    "EvaluationConfig",
+    "FaultToleranceConfig",
+    "ModelConfig",
+    "PlateauConfig",
+    "RegularizerConfig",
+    "RunConfig",
+    "RunSection",
+    "TrainingConfig",
+    "apply_overrides",
+    "clean_storage_options",
+    "config_hash",
+    "config_to_yaml",
+    "hashed_view",
+    "load_config",
+    "parse_config",
+    "redact_secrets",
+    "training_differences",
+]

@@ -1,0 +1,78 @@
+"""What a run's trained parameters depend on: the config hash, and the differences between two
+configs that a resume must refuse."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from kgpipe.config.run import RunConfig
+from kgpipe.training.schedules import SCHEDULES
+
+__all__ = ["RESUMABLE_CHANGES", "config_hash", "hashed_view", "training_differences"]
+
+# Sections that may differ between a run and its resumption (how it runs, not what it computes;
+# under a schedule that follows validation, evaluation.every and .sampled drive the learning
+# rate and may not change).
+RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation")
+
+
+def hashed_view(config: RunConfig) -> dict[str, Any]:
+    """The part of ``config`` that determines the trained parameters, as plain data: everything
+    but the run's placement (``run.root``, ``run.name``, storage options), the process settings
+    and :data:`RESUMABLE_CHANGES` (less ``evaluation.every`` and ``.sampled`` under the plateau
+    schedule)."""
+    data = config.model_dump(mode="json")
+    for section in RESUMABLE_CHANGES:
+        data.pop(section, None)
+    data["run"] = {"seed": config.run.seed}
+    data["data"].pop("storage_options", None)
+    training = data["training"]
+    # how the products are computed, not what is trained: a run may resume on another device,
+    # where precision auto can resolve differently (and older runs have no precision at all)
+    training.pop("precision", None)
+    training.pop("device", None)
+    training.pop("allocator", None)  # where freed memory goes, not what is trained
+    # the thread count may change on resume (the process shares its machine differently); kept
+    # as None so that runs from before it was left out keep their hash
+    training["threads"] = None
+    if SCHEDULES.get(config.training.schedule).follows_validation:
+        # the validations drive the learning rate: when and on what they run is training
+        data["evaluation"] = {
+            "every": config.evaluation.every,
+            "sampled": config.evaluation.sampled,
+        }
+    else:  # runs from before the plateau schedule keep their hash
+        training.pop("plateau", None)
+    if not config.model.dropout.active:  # runs from before dropout existed keep their hash
+        data["model"].pop("dropout", None)
+    return data
+
+
+def config_hash(config: RunConfig) -> str:
+    """SHA-256 of :func:`hashed_view` (recorded in every checkpoint manifest)."""
+    blob = json.dumps(hashed_view(config), sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_leaves(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def training_differences(old: RunConfig, new: RunConfig) -> list[tuple[str, Any, Any]]:
+    """``(dotted key, old value, new value)`` of every setting that differs between two configs
+    and changes what is trained (the keys of :func:`hashed_view`); empty when the configs have
+    the same :func:`config_hash`."""
+    a, b = _leaves(hashed_view(old)), _leaves(hashed_view(new))
+    missing = object()
+    return [
+        (key, a.get(key), b.get(key))
+        for key in sorted(set(a) | set(b))
+        if a.get(key, missing) != b.get(key, missing)
+    ]

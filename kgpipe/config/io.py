@@ -1,0 +1,123 @@
+"""Reading and writing configs: YAML in, :class:`RunConfig` out, credentials never written.
+
+Unknown keys are rejected with their dotted path, values are type-checked, and cross-field
+rules live in ``model_validator`` hooks. ``--set a.b=c`` overrides are parsed as YAML scalars
+and validated like the file itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from kgpipe.config.base import redact
+from kgpipe.config.run import RunConfig
+from kgpipe.errors import ConfigError
+from kgpipe.storage import read_url
+
+__all__ = [
+    "apply_overrides",
+    "config_to_yaml",
+    "load_config",
+    "parse_config",
+    "redact_secrets",
+]
+
+
+def _format_validation_error(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        path = ".".join(str(p) for p in e["loc"]) or "(root)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {path}: unknown key")
+        elif e["type"] == "missing":
+            lines.append(f"  {path}: required")
+        else:
+            got = e.get("input")
+            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            lines.append(f"  {path}: {e['msg']}{shown}")
+    return "invalid configuration:\n" + "\n".join(lines)
+
+
+def parse_config(data: Mapping[str, Any], *, source: str = "config") -> RunConfig:
+    """Validate a mapping into a :class:`RunConfig`; errors name the dotted key path."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return RunConfig.model_validate(dict(data))
+    except ValidationError as err:
+        raise ConfigError(f"{source}: {_format_validation_error(err)}") from None
+
+
+def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
+    keys = path.split(".")
+    if not all(keys):
+        raise ConfigError(f"--set {path}: empty key in path")
+    node = tree
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {path}: {k} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (values parsed as YAML) to a config mapping."""
+    import copy
+
+    tree: dict[str, Any] = copy.deepcopy(dict(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected key.path=value")
+        path, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as err:
+            raise ConfigError(f"--set {item!r}: value is not valid YAML ({err})") from None
+        _set_path(tree, path.strip(), value)
+    return tree
+
+
+def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read a YAML config from any fsspec URL, apply overrides and validate."""
+    try:
+        raw = read_url(url)
+    except FileNotFoundError:
+        raise ConfigError(f"{url}: config file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{url}: is a directory, not a config file") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{url}: cannot read config ({err})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        raise ConfigError(f"{url}, line {line}: not a text (UTF-8) file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{url}: not valid YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{url}: the top level must be a mapping")
+    return parse_config(apply_overrides(data, overrides), source=url)
+
+
+def redact_secrets(config: RunConfig) -> dict[str, Any]:
+    """The config as plain data with credential-like storage options replaced by a marker."""
+    data = config.model_dump(mode="json")
+    for section in ("run", "data"):
+        data[section]["storage_options"] = redact(data[section]["storage_options"])
+    return data
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    """The resolved config as YAML, credentials redacted (see :func:`redact_secrets`)."""
+    return yaml.safe_dump(redact_secrets(config), sort_keys=False)

@@ -1,0 +1,67 @@
+"""The whole run config: its sections and the rules that span them."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+from pydantic import Field, model_validator
+
+from kgpipe.config.base import Frozen
+from kgpipe.config.runtime import CheckpointConfig, DistributedConfig, FaultToleranceConfig
+from kgpipe.config.sections import DataConfig, ModelConfig, RunSection
+from kgpipe.config.training import EvaluationConfig, TrainingConfig
+from kgpipe.models.interactions import INTERACTIONS
+from kgpipe.training.schedules import SCHEDULES
+
+__all__ = ["RunConfig"]
+
+
+class RunConfig(Frozen):
+    """A whole kgpipe run."""
+
+    run: RunSection = Field(default_factory=RunSection)
+    data: DataConfig
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
+    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    distributed: DistributedConfig = Field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
+
+    @model_validator(mode="after")
+    def _plateau(self) -> RunConfig:
+        if not SCHEDULES.get(self.training.schedule).follows_validation:
+            return self
+        if not self.evaluation.every:
+            raise ValueError(
+                "training.schedule=plateau needs evaluation.every > 0: the learning rate is cut "
+                "when the valid MRR stops improving"
+            )
+        cut_after = self.training.plateau.patience + 1  # stalled validations before a cut
+        if self.evaluation.patience and self.evaluation.patience <= cut_after:
+            raise ValueError(
+                f"evaluation.patience ({self.evaluation.patience}) must exceed "
+                f"training.plateau.patience + 1 ({cut_after}) under training.schedule=plateau: "
+                "early stopping would end the run before a cut learning rate is ever used"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _precision(self) -> RunConfig:
+        if self.training.precision == "bf16" and not INTERACTIONS.get(self.model.name).bilinear:
+            bilinear = " and ".join(n for n in INTERACTIONS if INTERACTIONS.get(n).bilinear)
+            raise ValueError(
+                f"training.precision=bf16 works with the bilinear models {bilinear}, not "
+                f"{self.model.name}: its scores are not matrix products (distances lose too much "
+                "in bfloat16, and there is no product to speed up)"
+            )
+        return self
+
+    def with_run_name(self) -> RunConfig:
+        """Return a copy whose ``run.name`` is set (a timestamped default if it was not)."""
+        if self.run.name is not None:
+            return self
+        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+        dataset = self.data.dataset or "custom"
+        name = f"{self.model.name}-{dataset}-{stamp}"
+        return self.model_copy(update={"run": self.run.model_copy(update={"name": name})})

@@ -1,0 +1,132 @@
+"""The sections of a run config that say where and how a run executes: the cluster,
+checkpoints, fault tolerance. They may change when a run is resumed."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from kgpipe.config.base import Frozen, registered
+from kgpipe.distributed.clusters import CLUSTERS, is_address
+
+__all__ = ["CheckpointConfig", "DistributedConfig", "FaultToleranceConfig"]
+
+
+class DistributedConfig(Frozen):
+    """Training on a Dask cluster: a gang of torch.distributed ranks, one per worker."""
+
+    workers: int = Field(
+        default=1,
+        ge=1,
+        description="Training ranks (one per Dask worker). 1 with cluster `local` trains in-process.",
+    )
+    cluster: registered(  # type: ignore[valid-type]
+        CLUSTERS, more=", or a scheduler address such as tcp://host:8786", accept=is_address
+    ) = Field(
+        default="local",
+        description="`local` (LocalCluster), `cuda` (LocalCUDACluster) or a scheduler address.",
+    )
+    sync: Literal["step", "epoch"] = Field(
+        default="step",
+        description="Sum gradients every step (data parallel), or average models per epoch.",
+    )
+    compression: Literal["none", "topk", "int8"] = Field(
+        default="none", description="Compression of what is exchanged (top-k with error feedback)."
+    )
+    topk_ratio: float = Field(
+        default=0.1, gt=0.0, le=1.0, description="Share of touched rows sent by `topk`."
+    )
+    exchange: Literal["auto", "dense", "sparse"] = Field(
+        default="auto",
+        description=(
+            "Entity-gradient exchange in step mode: dense all-reduce, sparse gather of touched "
+            "rows, or whichever moves fewer bytes. Relation tables always use the dense path."
+        ),
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        default="auto",
+        description="torch.distributed backend (auto: nccl for ranks on a GPU, else gloo).",
+    )
+    shards: int = Field(
+        default=16, ge=1, description="Training shards written to the run folder (any world size)."
+    )
+    timeout_s: float = Field(
+        default=300.0, gt=0.0, description="Collective/rendezvous timeout of the gang in seconds."
+    )
+    threads_per_worker: int | None = Field(
+        default=None, ge=1, description="torch threads per worker (default: cores // workers)."
+    )
+
+    launch: Literal["auto", "in_process", "dask"] = Field(
+        default="auto",
+        description=(
+            "auto: in this process when workers == 1 and cluster is `local`, else on Dask; "
+            "`dask` forces a gang even of one worker (to measure or debug the Dask path)."
+        ),
+    )
+
+    @property
+    def uses_dask(self) -> bool:
+        """Whether training runs as a gang on Dask (else in this process)."""
+        if self.launch != "auto":
+            return self.launch == "dask"
+        return self.workers > 1 or self.cluster != "local"
+
+    @model_validator(mode="after")
+    def _launch(self) -> DistributedConfig:
+        if self.launch == "in_process" and (self.workers > 1 or self.cluster != "local"):
+            raise ValueError("distributed.launch=in_process needs workers: 1 and cluster: local")
+        if self.compression == "topk" and self.sync == "epoch":
+            # rows left out would keep rank-local values and the ranks would drift apart
+            raise ValueError("distributed.compression=topk works with sync=step only")
+        return self
+
+
+class CheckpointConfig(Frozen):
+    """Checkpoints under ``{run}/checkpoints/``: complete resumable state, committed by a manifest."""
+
+    every: int = Field(default=1, ge=1, description="Commit a checkpoint every this many epochs.")
+    keep_last: int = Field(default=3, ge=1, description="Committed checkpoints kept (newest).")
+    keep_best: bool = Field(
+        default=True, description="Also keep the checkpoint with the best validation MRR."
+    )
+    background: bool = Field(
+        default=True,
+        description=(
+            "Upload in a background thread while the next epoch trains (the state is copied "
+            "first); training waits only if the previous upload is still running."
+        ),
+    )
+
+
+class FaultToleranceConfig(Frozen):
+    """Recovery: relaunch failed epochs from the last committed checkpoint; retry storage."""
+
+    max_restarts: int = Field(
+        default=3, ge=0, description="Gang relaunches (from the last checkpoint) per run."
+    )
+    restart_backoff_s: float = Field(
+        default=2.0, ge=0.0, description="Wait before the first relaunch; doubles each time."
+    )
+    wait_for_workers_s: float = Field(
+        default=30.0,
+        ge=0.0,
+        description=(
+            "After a failure, wait this long for the cluster to regain `distributed.workers` "
+            "workers (a LocalCluster restarts dead ones), then go on with the workers alive."
+        ),
+    )
+    worker_ttl_s: float = Field(
+        default=60.0,
+        gt=0.0,
+        description="Heartbeat timeout: a LocalCluster worker silent this long is declared dead.",
+    )
+    storage_retries: int = Field(
+        default=6, ge=0, description="Retries of a failed object-store operation."
+    )
+    storage_backoff_s: float = Field(
+        default=0.5,
+        ge=0.0,
+        description="First retry delay of storage operations; doubles, max 10 s.",
+    )

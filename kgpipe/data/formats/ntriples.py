@@ -1,0 +1,124 @@
+"""N-Triples (W3C): ``<s> <p> <o> .`` lines with IRIs, blank nodes and literals."""
+
+from __future__ import annotations
+
+import re
+
+from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, TripleFormat
+from kgpipe.data.formats.text import decode, split_lines
+from kgpipe.errors import DataError
+
+__all__ = ["NTriples"]
+
+
+@FORMATS.register("ntriples")
+class NTriples(TripleFormat):
+    """RDF N-Triples; literal objects are dropped or kept as entities (``data.literals``)."""
+
+    extensions = (".nt", ".ntriples")
+
+    def parse(self, data: bytes, *, source: str, options: ParseOptions) -> LabeledTriples:
+        if options.literals not in ("drop", "keep"):
+            raise DataError(source, f"literals must be 'drop' or 'keep', got {options.literals!r}")
+        return _parse_ntriples(decode(data, source), source, options.literals == "keep")
+
+
+_IRI_CHARS = r'(?:[^\x00-\x20<>"{}|^`\\]|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})*'
+_BNODE = r'_:[^\s<>"().]+(?:\.+[^\s<>"().]+)*'
+_LITERAL = r'"(?:[^"\\\n\r]|\\.)*"(?:@[A-Za-z]+(?:-[A-Za-z0-9]+)*|\^\^<' + _IRI_CHARS + r">)?"
+_NT_STATEMENT = re.compile(
+    r"[ \t]*(?:<(" + _IRI_CHARS + r")>|(" + _BNODE + r"))"
+    r"[ \t]*<(" + _IRI_CHARS + r")>"
+    r"[ \t]*(?:<(" + _IRI_CHARS + r")>|(" + _BNODE + r")|(" + _LITERAL + r"))"
+    r"[ \t]*\.[ \t]*(?:#.*)?"
+)
+_NT_WS = re.compile(r"[ \t]*")
+_NT_IRI = re.compile(r"<" + _IRI_CHARS + r">")
+_NT_BNODE = re.compile(_BNODE)
+_NT_LITERAL = re.compile(_LITERAL)
+
+
+def _parse_ntriples(text: str, source: str, keep_literals: bool) -> LabeledTriples:
+    heads: list[str] = []
+    rels: list[str] = []
+    tails: list[str] = []
+    nums: list[int] = []
+    dropped = 0
+    match = _NT_STATEMENT.fullmatch
+    for i, line in enumerate(split_lines(text), 1):
+        stripped = line.strip()
+        if not stripped or stripped[0] == "#":
+            continue
+        m = match(line)
+        if m is None:
+            raise DataError(
+                source, f"malformed N-Triples statement: {_nt_problem(line)}", line=i, excerpt=line
+            )
+        s_iri, s_bnode, pred, o_iri, o_bnode, o_literal = m.groups()
+        if o_literal is not None:
+            if not keep_literals:
+                dropped += 1
+                continue
+            tail = o_literal
+        else:
+            tail = o_iri if o_iri is not None else o_bnode
+        heads.append(s_iri if s_iri is not None else s_bnode)
+        rels.append(pred)
+        tails.append(tail)
+        nums.append(i)
+    return LabeledTriples(heads, rels, tails, nums, literals_dropped=dropped)
+
+
+def _nt_term(line: str, pos: int, allowed: tuple[str, ...], role: str) -> tuple[int, str | None]:
+    """Match one term at ``pos``; return the end position or a problem description."""
+    pos = _NT_WS.match(line, pos).end()  # type: ignore[union-attr]
+    if pos >= len(line):
+        return pos, f"missing {role}"
+    ch = line[pos]
+    if ch == "<":
+        m = _NT_IRI.match(line, pos)
+        if m is None:
+            if ">" not in line[pos:]:
+                return pos, f"unterminated IRI in {role} (missing '>')"
+            return pos, f'malformed IRI in {role} (IRIs cannot contain spaces or <>"{{}}|^`\\)'
+        return m.end(), None
+    if ch == "_" and "bnode" in allowed:
+        m = _NT_BNODE.match(line, pos)
+        if m is None:
+            return pos, f"malformed blank node in {role}"
+        return m.end(), None
+    if ch == '"':
+        if "literal" not in allowed:
+            return pos, f"the {role} cannot be a literal"
+        m = _NT_LITERAL.match(line, pos)
+        if m is None:
+            return pos, f"unterminated or malformed literal in {role}"
+        end = m.end()
+        if end < len(line) and line[end] in "@^":
+            return end, f"malformed language tag or datatype in {role}"
+        return end, None
+    kinds = {"iri": "an IRI <...>", "bnode": "a blank node _:x", "literal": 'a literal "..."'}
+    expected = " or ".join(kinds[k] for k in allowed)
+    return pos, f"the {role} must be {expected}"
+
+
+def _nt_problem(line: str) -> str:
+    """Why ``line`` is not a valid N-Triples statement (for the error message)."""
+    stripped = line.lstrip()
+    if stripped.lower().startswith(("@prefix", "@base", "prefix ", "base ")):
+        return "this looks like Turtle, not N-Triples (prefixes are not allowed)"
+    pos = 0
+    for role, allowed in (
+        ("subject", ("iri", "bnode")),
+        ("predicate", ("iri",)),
+        ("object", ("iri", "bnode", "literal")),
+    ):
+        pos, problem = _nt_term(line, pos, allowed, role)
+        if problem is not None:
+            return problem
+    pos = _NT_WS.match(line, pos).end()  # type: ignore[union-attr]
+    if pos >= len(line) or line[pos] == "#":
+        return "missing final '.'"
+    if line[pos] != ".":
+        return "expected '.' after the object (more than three terms?)"
+    return "unexpected text after the final '.'"

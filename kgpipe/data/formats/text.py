@@ -1,0 +1,132 @@
+"""Text helpers shared by the line-based parsers: decoding, lines, columns, label checks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kgpipe.data.formats.base import LabeledTriples
+from kgpipe.errors import DataError
+
+__all__ = [
+    "ROLES",
+    "check_labels",
+    "decode",
+    "describe_delimiter",
+    "resolve_columns",
+    "split_lines",
+]
+
+ROLES = ("head", "relation", "tail")
+
+
+def decode(data: bytes, source: str) -> str:
+    """UTF-8 text with a leading BOM removed."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        pos = err.start
+        start = data.rfind(b"\n", 0, pos) + 1
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end
+        line = data.count(b"\n", 0, pos) + 1
+        excerpt = data[start:end].rstrip(b"\r").decode("utf-8", errors="replace")
+        raise DataError(
+            source,
+            f"not valid UTF-8 (byte 0x{data[pos]:02x} at column {pos - start + 1})",
+            line=line,
+            excerpt=excerpt,
+        ) from None
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    return text
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines without their terminators (LF or CRLF); line ``i`` is element ``i - 1``."""
+    if "\r" not in text:
+        return text.split("\n")
+    if text.count("\r\n") == text.count("\n"):  # CRLF throughout: no copy of the text
+        lines = text.split("\r\n")
+    else:
+        lines = text.replace("\r\n", "\n").split("\n")
+    if lines[-1].endswith("\r"):  # a last line cut off between CR and LF
+        lines[-1] = lines[-1][:-1]
+    return lines
+
+
+def describe_delimiter(delimiter: str, fmt: str) -> str:
+    if delimiter == "\t":
+        return "tab-separated"
+    if delimiter == ",":
+        return "comma-separated"
+    if delimiter == ";":
+        return "semicolon-separated"
+    if delimiter == " ":
+        return "space-separated"
+    return f"{delimiter!r}-separated" if fmt == "tsv" else f"{delimiter!r}-delimited"
+
+
+def resolve_columns(
+    columns: tuple[str | int, str | int, str | int] | None,
+    names: list[str] | None,
+    *,
+    source: str,
+    line: int | None,
+    excerpt: str | None,
+) -> tuple[int, int, int]:
+    """0-based field indices of head, relation and tail."""
+    if columns is None:
+        return (0, 1, 2)
+    out: list[int] = []
+    for role, col in zip(ROLES, columns, strict=True):
+        if isinstance(col, bool):
+            raise DataError(source, f"{role} column must be a name or an index, got {col!r}")
+        if isinstance(col, str) and names is None:
+            if col.isdigit():
+                col = int(col)
+            else:
+                raise DataError(
+                    source,
+                    f"{role} column {col!r} is a name, but the file has no header row "
+                    "(set data.header: true, or give 0-based column indices)",
+                )
+        if isinstance(col, int):
+            if col < 0:
+                raise DataError(source, f"{role} column index must be >= 0, got {col}")
+            out.append(col)
+            continue
+        assert names is not None
+        if names.count(col) > 1:
+            raise DataError(
+                source,
+                f"{role} column {col!r} appears twice in the header",
+                line=line,
+                excerpt=excerpt,
+            )
+        if col not in names:
+            raise DataError(
+                source,
+                f"{role} column {col!r} not in the header (columns: {', '.join(map(repr, names))})",
+                line=line,
+                excerpt=excerpt,
+            )
+        out.append(names.index(col))
+    return (out[0], out[1], out[2])
+
+
+def check_labels(out: LabeledTriples, source: str, excerpt_of: Sequence[str] | None) -> None:
+    """Reject empty or whitespace-only labels (checked on the distinct labels: cheap)."""
+    first: tuple[int, str] | None = None
+    for role, values in zip(ROLES, (out.heads, out.relations, out.tails), strict=True):
+        if any(not v or v.isspace() for v in set(values)):
+            idx = next(i for i, v in enumerate(values) if not v or v.isspace())
+            if first is None or idx < first[0]:
+                first = (idx, role)
+    if first is None:
+        return
+    idx, role = first
+    line = out.line_numbers[idx]
+    values = {"head": out.heads, "relation": out.relations, "tail": out.tails}[role]
+    kind = "empty" if not values[idx] else "blank (whitespace-only)"
+    excerpt = excerpt_of[line - 1] if excerpt_of is not None else None
+    raise DataError(source, f"{kind} {role} field", line=line, excerpt=excerpt)

@@ -1,0 +1,197 @@
+"""Dask clusters as configuration: the kinds kgpipe starts (``distributed.cluster``), or the
+address of an existing scheduler.
+
+``local`` is a :class:`distributed.LocalCluster` on 127.0.0.1, ``cuda`` a dask-cuda
+``LocalCUDACluster`` (one worker per GPU); any other value of ``distributed.cluster`` is a
+scheduler address (``tcp://host:8786``, ``host:8786``). Per-worker set-up runs in a worker
+plugin at worker start (:class:`TorchWorkerSetup`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar
+
+import dask
+from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from kgpipe.errors import ConfigError, KgpipeError
+from kgpipe.process import available_cores, configure, thread_environ
+from kgpipe.registry import Registry
+
+__all__ = [
+    "CLUSTERS",
+    "QUIET_WORKER_CONFIG",
+    "ClusterKind",
+    "TorchWorkerSetup",
+    "cluster_kwargs",
+    "is_address",
+    "open_cluster",
+    "worker_threads",
+]
+
+_ADDRESS = re.compile(r"^([a-z][a-z0-9+.-]*://)?[^\s/:]+(:\d+)?/?$", re.IGNORECASE)
+
+
+def is_address(value: str) -> bool:
+    """Whether ``value`` reads as a scheduler address (``tcp://host:port``, ``host:port``)."""
+    return "://" in value or (":" in value and bool(_ADDRESS.match(value)))
+
+
+class TorchWorkerSetup(WorkerPlugin):
+    """Per-worker set-up at worker start: the worker's share of torch threads, its environment."""
+
+    name = "kgpipe-torch-setup"
+
+    def __init__(self, threads: int, env: dict[str, str] | None = None) -> None:
+        self.threads = threads
+        self.env = dict(env or {})
+
+    def setup(self, worker: Any) -> None:
+        os.environ.update(self.env)
+        os.environ.update(thread_environ(self.threads))
+        configure(threads=self.threads, allocator="system")
+
+
+def worker_threads(workers: int, threads_per_worker: int | None, cores: int | None = None) -> int:
+    """torch threads per worker so that the machine is not oversubscribed."""
+    if threads_per_worker:
+        return threads_per_worker
+    return max(1, (cores or available_cores()) // workers)
+
+
+def worker_environ(threads: int) -> dict[str, str]:
+    """Environment of the worker processes we start.
+
+    Dask's default sets ``MALLOC_TRIM_THRESHOLD_=65536``, which makes glibc return memory to the
+    OS on nearly every free and slows training steps several times over (docs/distributed.md);
+    we leave malloc alone and give OpenMP/BLAS the worker's share of the cores.
+    """
+    return thread_environ(threads)
+
+
+# Event-loop housekeeping of the worker processes we start, made less frequent. A rank's step
+# loop is Python-heavy; every wake-up of the worker's event loop thread takes the GIL from it.
+# Dask's defaults are a 20 ms "tick" (only measures event-loop latency, for a warning) and a
+# 500 ms system monitor (psutil samples for the dashboard). Measured against the in-process loop
+# in docs/benchmarks.md ("The 1-worker overhead"). Heartbeats, the memory monitor and worker-ttl
+# are untouched.
+QUIET_WORKER_CONFIG: dict[str, Any] = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.tick.limit": "30s",
+    "distributed.admin.system-monitor.interval": "5s",
+}
+
+
+def cluster_kwargs(workers: int) -> dict[str, Any]:
+    """Keyword arguments of the LocalCluster of ``workers`` workers (pure, tested alone)."""
+    return {
+        "n_workers": workers,
+        "threads_per_worker": 1,  # one rank per worker; torch uses its own threads
+        "processes": True,
+        "host": "127.0.0.1",
+        "dashboard_address": "127.0.0.1:0",
+        "silence_logs": logging.ERROR,
+    }
+
+
+class ClusterKind(ABC):
+    """A kind of cluster kgpipe starts itself (and closes when the run ends)."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
+        """Start the cluster's scheduler and ``workers`` workers (not yet waited for)."""
+
+
+CLUSTERS: Registry[ClusterKind] = Registry(
+    "cluster", doc="Dask clusters kgpipe starts: distributed.cluster (else a scheduler address)"
+)
+
+
+@CLUSTERS.register("local")
+class Local(ClusterKind):
+    """A LocalCluster of worker processes on 127.0.0.1 (CPU)."""
+
+    def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
+        settings = {
+            "distributed.nanny.pre-spawn-environ": {**worker_environ(threads), **env},
+            "distributed.scheduler.worker-ttl": f"{worker_ttl_s}s",
+            # the statistical profiler samples every worker thread's stack every 10 ms under the
+            # GIL, competing with the rank's Python-side step loop; the dashboard's other pages
+            # (task stream, progress, memory) stay
+            "distributed.worker.profile.enabled": False,
+            **QUIET_WORKER_CONFIG,
+        }
+        with dask.config.set(settings):
+            return LocalCluster(**cluster_kwargs(workers))
+
+
+@CLUSTERS.register("cuda")
+class Cuda(ClusterKind):
+    """A dask-cuda LocalCUDACluster: one worker per visible GPU (the ``gpu`` extra)."""
+
+    def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
+        try:
+            from dask_cuda import LocalCUDACluster
+        except ImportError:
+            raise ConfigError(
+                "distributed.cluster=cuda needs dask-cuda: pip install 'kgpipe[gpu]'"
+            ) from None
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("distributed.cluster=cuda: no CUDA GPU is visible to torch")
+        quiet = {"distributed.worker.profile.enabled": False, **QUIET_WORKER_CONFIG}
+        with dask.config.set({"distributed.scheduler.worker-ttl": f"{worker_ttl_s}s", **quiet}):
+            return LocalCUDACluster(n_workers=workers)
+
+
+@contextlib.contextmanager
+def open_cluster(
+    cluster: str,
+    *,
+    workers: int,
+    threads_per_worker: int | None = None,
+    worker_ttl_s: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Iterator[Client]:
+    """A client of ``cluster`` (a registered kind, started here and closed on exit, or a
+    scheduler address) with ``workers`` workers ready. ``worker_ttl_s`` is the heartbeat
+    timeout of a cluster started here; ``extra_env`` is added to its workers' environment."""
+    say = log or (lambda _m: None)
+    threads = worker_threads(workers, threads_per_worker)
+    owned: Any = None
+    if cluster in CLUSTERS:
+        owned = CLUSTERS.get(cluster)().start(
+            workers=workers, threads=threads, env=dict(extra_env or {}), worker_ttl_s=worker_ttl_s
+        )
+        client = Client(owned)
+    else:
+        try:
+            client = Client(cluster, timeout=30)
+        except (OSError, TimeoutError) as err:
+            raise KgpipeError(f"cannot connect to the Dask scheduler {cluster}: {err}") from None
+    try:
+        try:
+            client.wait_for_workers(workers, timeout=120)
+        except TimeoutError:
+            have = len(client.scheduler_info()["workers"])
+            raise KgpipeError(
+                f"the Dask cluster has {have} workers, distributed.workers asks for {workers}"
+            ) from None
+        client.register_plugin(TorchWorkerSetup(threads))
+        say(f"Dask dashboard: {client.dashboard_link}")
+        yield client
+    finally:
+        client.close()
+        if owned is not None:
+            owned.close()

@@ -1,0 +1,23 @@
+"""The launcher protocol: what the pipeline (and the Prefect flow) needs of a way to train."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kgpipe.runs.segments import SegmentResult
+
+__all__ = ["Launcher"]
+
+
+class Launcher(Protocol):
+    """Trains a staged run segment by segment, each ending with a committed checkpoint."""
+
+    @property
+    def restarts(self) -> int:
+        """Gang relaunches of this run so far (0 in one process)."""
+
+    def train_until(self, until: int) -> SegmentResult:
+        """Train from the latest committed checkpoint to epoch ``until`` (committed)."""
+
+    def close(self) -> None:
+        """Release what training holds (a pending background upload, its thread)."""

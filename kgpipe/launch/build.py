@@ -1,0 +1,131 @@
+"""The trainer factory: the one place a run's trainer is built and its callbacks ordered.
+
+Both launchers use it -- the in-process one and every rank of a Dask gang -- so a trainer is
+assembled the same way wherever it runs. The order of callbacks is fixed here:
+
+1. the thread governor's ticker (records the thread count of the epoch);
+2. validation, when due (adds ``valid_*`` to the epoch's stats) -- where the run's records are
+   written (in-process, or rank 0 of a gang);
+3. the checkpoint commit (its manifest records those stats) -- likewise;
+4. the records of the epoch: ``metrics.jsonl`` in-process, the progress queue on rank 0;
+5. rank callbacks (run next to the model: in-process, or on every rank);
+6. the caller's callbacks (in-process; a gang relays events to them on the driver).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kgpipe.checkpoint import TrainState
+from kgpipe.config import TrainingConfig
+from kgpipe.evaluation import FilterIndex
+from kgpipe.models.model import KGEModel
+from kgpipe.process import ThreadGovernor
+from kgpipe.runs.callbacks import CheckpointCallback, Validation
+from kgpipe.runs.folder import RunFolder, StagedData
+from kgpipe.training.exchange import Exchange
+from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.loop import Trainer
+from kgpipe.training.records import EpochStats
+
+__all__ = ["BuiltTrainer", "GovernorTicker", "build_trainer"]
+
+
+class GovernorTicker(Callback):
+    """Lets the thread governor look at the machine every step; records the epoch's count."""
+
+    def __init__(self, governor: ThreadGovernor) -> None:
+        self.governor = governor
+
+    def on_batch_end(
+        self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        self.governor.tick()
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        stats.extra["threads"] = self.governor.threads
+
+
+@dataclass
+class BuiltTrainer:
+    """A trainer and the callback whose background upload must be closed with it."""
+
+    trainer: Trainer
+    saver: CheckpointCallback | None
+
+
+def build_trainer(
+    run: RunFolder,
+    data: StagedData,
+    *,
+    device: torch.device,
+    until: int,
+    train: torch.Tensor | None = None,
+    training: TrainingConfig | None = None,
+    rank: int = 0,
+    world_size: int = 1,
+    part: tuple[int, int] = (0, 1),
+    stream: int = 0,
+    exchange: Exchange | None = None,
+    records: bool = True,
+    recorder: Callback | None = None,
+    governor: ThreadGovernor | None = None,
+    rank_callbacks: Sequence[Callback] = (),
+    callbacks: Sequence[Callback] = (),
+    state: TrainState | None = None,
+) -> BuiltTrainer:
+    """The trainer of ``run`` to epoch ``until`` on ``train`` (this rank's training triples;
+    default all of ``data.train``, which always holds all of them for the validation filter).
+
+    ``records`` says whether this trainer validates and commits (one process, or rank 0);
+    ``recorder`` reports each epoch (the metrics file, or rank 0's progress queue); ``training``
+    replaces the config's section (a rank's share of the batch)."""
+    config = run.config
+    model = KGEModel.build(
+        config.model,
+        num_entities=run.num_entities,
+        num_relations=run.num_relations,
+        seed=config.run.seed,
+    ).to(device)
+    trainer = Trainer(
+        model,
+        data.train if train is None else train,
+        training=training or config.training,
+        regularizer=config.model.regularizer,
+        dropout=config.model.dropout,
+        seed=config.run.seed,
+        stream=stream,
+        part=part,
+        exchange=exchange,
+        rank=rank,
+        world_size=world_size,
+    )
+    ordered: list[Callback] = []
+    if governor is not None:
+        ordered.append(GovernorTicker(governor))
+    saver: CheckpointCallback | None = None
+    if records:
+        if config.evaluation.every:
+            index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
+            tick = governor.tick if governor is not None else None
+            ordered.append(Validation(model, data.valid, index, config, tick=tick))
+        c = config.checkpoint
+        saver = CheckpointCallback(
+            run.checkpoints(),
+            trainer.state,
+            every=c.every,
+            until=until,
+            meta=run.manifest_meta(world_size),
+            background=c.background,
+        )
+        ordered.append(saver)
+    if recorder is not None:
+        ordered.append(recorder)
+    ordered += [*rank_callbacks, *callbacks]
+    trainer.callbacks = ordered
+    if state is not None:
+        trainer.load_state(state)
+    return BuiltTrainer(trainer, saver)

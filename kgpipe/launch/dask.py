@@ -1,0 +1,270 @@
+"""The Dask launcher: trains each segment as a gang of ranks, relays progress, recovers.
+
+The driver launches one rank per worker (:mod:`kgpipe.distributed.gang`), relays rank 0's
+progress events to the caller's callbacks through a read-only :class:`GangView`, and when the
+gang fails relaunches the segment from the last committed checkpoint on the workers alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import Client
+
+from kgpipe.config import RunConfig
+from kgpipe.distributed.clusters import open_cluster, worker_threads
+from kgpipe.distributed.gang import GangError, launch_gang
+from kgpipe.errors import RunError
+from kgpipe.launch.rank import RankSpec, rank_main
+from kgpipe.runs.callbacks import MetricsWriter
+from kgpipe.runs.folder import RunFolder
+from kgpipe.runs.segments import SegmentResult
+from kgpipe.training.hooks import Callback, ViewBase
+from kgpipe.training.records import EpochStats
+
+__all__ = ["DaskLauncher", "GangView", "connect", "open_run_cluster"]
+
+log_warning = logging.getLogger("kgpipe.distributed").warning
+
+
+@contextlib.contextmanager
+def open_run_cluster(
+    config: RunConfig,
+    *,
+    extra_env: dict[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Iterator[Client]:
+    """The Dask cluster of ``config`` (``distributed``), for the length of a ``with`` block."""
+    dcfg = config.distributed
+    with open_cluster(
+        dcfg.cluster,
+        workers=dcfg.workers,
+        threads_per_worker=dcfg.threads_per_worker,
+        worker_ttl_s=config.fault_tolerance.worker_ttl_s,
+        extra_env=extra_env,
+        log=log,
+    ) as client:
+        yield client
+
+
+@contextlib.contextmanager
+def connect(address: str) -> Iterator[Client]:
+    """A client of the scheduler at ``address``: this process's default client when it is
+    connected there (the cluster a flow holds open), else a new connection closed afterwards."""
+    from distributed import default_client
+
+    try:
+        current = default_client()
+    except ValueError:
+        current = None
+    scheduler = current.scheduler if current is not None else None
+    if current is not None and scheduler is not None and str(scheduler.address) == address:
+        yield current
+        return
+    with Client(address, timeout=30) as client:
+        yield client
+
+
+@dataclass
+class GangView(ViewBase):
+    """What driver-side callbacks see of a training that runs in the gang: where it stands, as
+    rank 0 reports it (anything else raises a clear error, as in one process)."""
+
+    epochs: int
+    steps_per_epoch: int = 0
+    epoch: int = 0
+    global_step: int = 0
+    world_size: int = 1
+    rank: int = 0
+    history: list[EpochStats] = field(default_factory=list)
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.epochs
+
+
+def _alive(client: Client) -> int:
+    return len(client.scheduler_info(n_workers=-1)["workers"])
+
+
+class DaskLauncher:
+    """Trains ``run`` segment by segment as a gang on ``client``'s cluster; ``callbacks`` run
+    here on relayed events, ``rank_callbacks`` are shipped to every rank (they must pickle)."""
+
+    def __init__(
+        self,
+        run: RunFolder,
+        client: Client,
+        *,
+        callbacks: Sequence[Callback] = (),
+        rank_callbacks: Sequence[Callback] = (),
+        log: Callable[[str], None] | None = None,
+        restarts: int = 0,
+    ) -> None:
+        self.run = run
+        self.client = client
+        self.writer = MetricsWriter(run.store)
+        self.callbacks: list[Callback] = [self.writer, *callbacks]
+        self.rank_callbacks = tuple(rank_callbacks)
+        self.say = log or (lambda _msg: None)
+        self._restarts = restarts
+
+    @property
+    def restarts(self) -> int:
+        return self._restarts
+
+    def close(self) -> None:
+        """Nothing is held between segments (each gang commits before it ends)."""
+
+    def train_until(self, until: int) -> SegmentResult:
+        self._train(until)
+        committed = self.run.checkpoints().committed()
+        if not committed or committed[-1].epoch != until:
+            raise RunError(f"{self.run.url}: training to epoch {until} left no checkpoint of it")
+        ckpt = committed[-1]
+        return SegmentResult(until, ckpt.url, list(ckpt.manifest["history"]), self._restarts)
+
+    def _train(self, until: int) -> None:
+        """Train to epoch ``until`` from the latest committed checkpoint; rank 0 commits.
+
+        When the gang fails (a rank raises, a worker dies, a collective times out) the segment
+        is relaunched from the latest committed checkpoint on the workers alive then, after
+        waiting up to ``fault_tolerance.wait_for_workers_s`` for the cluster to heal, with
+        exponential backoff, until ``fault_tolerance.max_restarts`` restarts are used up.
+        """
+        run, client = self.run, self.client
+        config = run.config
+        dcfg, ft = config.distributed, config.fault_tolerance
+        checkpoints = run.checkpoints()
+        first = self._restarts
+        while True:
+            found = checkpoints.resume_point()
+            start = found[0].epoch if found else 0
+            history = found[1].history if found else []
+            if start >= until:
+                return
+            world = min(dcfg.workers, _alive(client))
+            view = GangView(
+                epochs=config.training.epochs,
+                epoch=start,
+                global_step=found[0].global_step if found else 0,
+                world_size=world,
+                history=[EpochStats.from_dict(h) for h in history],
+            )
+            self.writer.reset(history)
+            queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
+            make_spec = functools.partial(
+                self._spec, queue=queue, world=world, start=found[0].epoch if found else None,
+                until=until,
+            )  # fmt: skip
+            self.say(
+                f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
+                + (f", from the checkpoint of epoch {start}" if start else "")
+            )
+            relay = _Relay(view, self.callbacks, self._restarts)
+            try:
+                launch_gang(
+                    client, rank_main, make_spec, world_size=world, queue=queue, on_event=relay
+                )
+                relay.finish()
+                return
+            except GangError as err:
+                if not err.retryable:  # the same configuration would fail the same way again
+                    raise RunError(f"{run.url}: {err}") from None
+                self._restarts += 1
+                if self._restarts > ft.max_restarts:
+                    raise RunError(
+                        f"{run.url}: training failed after {self._restarts - 1} restart(s), the "
+                        f"fault_tolerance.max_restarts limit: {err}"
+                    ) from None
+                delay = ft.restart_backoff_s * 2 ** (self._restarts - first - 1)
+                log_warning(
+                    f"{err}; restart {self._restarts}/{ft.max_restarts} from the last committed "
+                    f"checkpoint in {delay:.1f} s"
+                )
+                self.say(f"restart {self._restarts}/{ft.max_restarts} after: {err}")
+                time.sleep(delay)
+                try:
+                    client.wait_for_workers(dcfg.workers, timeout=ft.wait_for_workers_s)
+                except TimeoutError:
+                    if _alive(client) == 0:
+                        raise RunError(f"{run.url}: no Dask worker is left after: {err}") from None
+                    self.say(f"going on with {_alive(client)} of {dcfg.workers} workers")
+
+    def _spec(
+        self,
+        rank: int,
+        addr: str,
+        port: int,
+        *,
+        queue: str,
+        world: int,
+        start: int | None,
+        until: int,
+    ) -> RankSpec:
+        run, config = self.run, self.run.config
+        dcfg, t = config.distributed, config.training
+        return RankSpec(
+            config=config.model_dump(mode="json"),
+            storage_options=config.run.storage_options,
+            rank=rank,
+            world_size=world,
+            master_addr=addr,
+            master_port=port,
+            run={
+                "url": run.url,
+                "num_entities": run.num_entities,
+                "num_relations": run.num_relations,
+                "num_train": run.num_train,
+                "fingerprint": run.fingerprint,
+                "resumed_epoch": run.resumed_epoch,
+            },
+            queue=queue,
+            threads=worker_threads(dcfg.workers, dcfg.threads_per_worker),
+            adapt_threads=t.threads is None and dcfg.threads_per_worker is None,
+            start_epoch=start,
+            until=until,
+            rank_callbacks=self.rank_callbacks,
+        )
+
+
+class _Relay:
+    """Turns rank 0's queue events into driver-side callback calls on the gang's view."""
+
+    def __init__(self, view: GangView, callbacks: Sequence[Callback], restarts: int) -> None:
+        self.view = view
+        self.callbacks = callbacks
+        self.restarts = restarts
+        self.started = False
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        view = self.view
+        view.global_step = event["global_step"]
+        if event["type"] == "start":
+            view.steps_per_epoch = event["steps_per_epoch"]
+            view.epoch = event["epoch"]
+            self.started = True
+            for cb in self.callbacks:
+                cb.on_train_start(view)
+        elif event["type"] == "batch":
+            for cb in self.callbacks:
+                cb.on_batch_end(view, event["epoch"], event["step"], event["steps"], event["loss"])
+        elif event["type"] == "epoch":
+            stats = EpochStats.from_dict(event["stats"])
+            stats.extra["restarts"] = self.restarts
+            view.epoch = stats.epoch
+            for cb in self.callbacks:
+                cb.on_epoch_end(view, stats)
+            view.history.append(stats)
+
+    def finish(self) -> None:
+        if self.started:
+            for cb in self.callbacks:
+                cb.on_train_end(self.view)

@@ -1,0 +1,184 @@
+"""One rank of a training gang: the task that runs on a Dask worker.
+
+It joins the torch.distributed process group, reads the staged shards from the run folder,
+builds its trainer with the factory (from the seed, or from the segment's starting checkpoint,
+identical on every rank) and trains with the configured exchange. Rank 0 validates, commits
+checkpoints and streams progress to the driver through a Dask queue.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kgpipe.checkpoint import CheckpointStore
+from kgpipe.config import parse_config
+from kgpipe.data.shards import read_manifest, read_shards
+from kgpipe.devices import process_group_backend, resolve_device
+from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
+from kgpipe.errors import CheckpointError
+from kgpipe.launch.build import build_trainer
+from kgpipe.process import ThreadGovernor, configure
+from kgpipe.runs.folder import RunFolder
+from kgpipe.training.exchange import Exchange
+from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.records import EpochStats
+
+__all__ = ["RankSpec", "Reporter", "rank_main"]
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs, small and picklable (no tensors)."""
+
+    config: dict[str, Any]  # RunConfig as JSON-able data
+    storage_options: dict[str, Any]
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    run: dict[str, Any]  # the RunFolder's fields besides the config
+    queue: str | None = None
+    threads: int | None = None  # the worker's share of the cores
+    adapt_threads: bool = False  # let a ThreadGovernor size the threads (up to ``threads``)
+    start_epoch: int | None = None  # the committed checkpoint to start from (None: seeded init)
+    until: int | None = None  # train to this epoch (default: training.epochs)
+    rank_callbacks: Sequence[Callback] = field(default_factory=tuple)
+
+    def __repr__(self) -> str:
+        # Dask prints task arguments in its logs (e.g. "Compute Failed"): never the config or
+        # the storage options, which may hold credentials
+        return (
+            f"RankSpec(rank={self.rank}, world_size={self.world_size}, "
+            f"run_url={self.run.get('url')!r}, start_epoch={self.start_epoch}, until={self.until})"
+        )
+
+
+class Reporter(Callback):
+    """Rank 0: puts progress events on the driver's Dask queue (batches at most every 0.5 s).
+
+    A ``start`` event carries the trainer's own step counts first: the driver's view learns them
+    from the rank (only the trainer knows how many examples its mode steps over)."""
+
+    def __init__(self, queue_name: str) -> None:
+        from distributed import Queue
+
+        self.queue = Queue(queue_name)
+        self.last = 0.0
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        self.queue.put(
+            {"type": "start", "epoch": trainer.epoch, "global_step": trainer.global_step,
+             "steps_per_epoch": trainer.steps_per_epoch, "epochs": trainer.epochs}
+        )  # fmt: skip
+
+    def on_batch_end(
+        self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        now = time.monotonic()
+        if now - self.last >= 0.5 or step == steps:
+            self.last = now
+            self.queue.put(
+                {"type": "batch", "epoch": epoch, "step": step, "steps": steps,
+                 "loss": loss, "global_step": trainer.global_step}
+            )  # fmt: skip
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        self.queue.put(
+            {"type": "epoch", "stats": stats.as_dict(), "global_step": trainer.global_step}
+        )
+
+
+def rank_main(spec: RankSpec) -> dict[str, Any]:
+    """Train as rank ``spec.rank`` from checkpoint ``spec.start_epoch`` to ``spec.until``; rank 0
+    validates and commits checkpoints. Returns where the rank stopped (no tensors: the state is
+    in the checkpoint store)."""
+    config = parse_config(spec.config)
+    config = config.model_copy(
+        update={"run": config.run.model_copy(update={"storage_options": spec.storage_options})}
+    )
+    dcfg, t = config.distributed, config.training
+    # OpenMP's thread count is per calling thread: set in the thread that runs the task
+    configure(threads=spec.threads, allocator=t.allocator, deterministic=t.deterministic)
+    governor = ThreadGovernor(spec.threads).start() if spec.adapt_threads else None
+    run = RunFolder(config=config, **spec.run)
+    store = run.store
+    device = resolve_device(t.device, cluster=dcfg.cluster)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL uses the current device of each rank
+    dist.init_process_group(
+        process_group_backend(dcfg.backend, device),
+        init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=dt.timedelta(seconds=dcfg.timeout_s),
+    )
+    try:
+        step_sync, lead = dcfg.sync == "step", spec.rank == 0
+        # all training triples where the rank trains the global batch or validates (the filter)
+        data = run.staged(train=step_sync or lead)
+        if step_sync:
+            own = data.train
+        else:  # epoch sync: the rank's own shards
+            manifest = read_manifest(store)
+            own = read_shards(store, manifest, manifest.shards_of(spec.rank, spec.world_size))
+        comm = Comm(
+            spec.world_size,
+            compression=dcfg.compression,
+            topk_ratio=dcfg.topk_ratio,
+            device=device,
+        )
+        training = t
+        exchange: Exchange
+        if spec.world_size == 1:
+            exchange = Exchange()  # a gang of one has nothing to exchange
+            part, stream = (0, 1), 0
+        elif step_sync:
+            exchange = StepExchange(comm, mode=dcfg.exchange)
+            part, stream = (spec.rank, spec.world_size), 0
+        else:
+            exchange = EpochExchange(comm)
+            part, stream = (0, 1), spec.rank
+            # the global batch is split across ranks in both modes
+            training = t.model_copy(update={"batch_size": max(1, t.batch_size // spec.world_size)})
+        state = None
+        if spec.start_epoch is not None:
+            ckpt = CheckpointStore(store)
+            committed = {c.epoch: c for c in ckpt.committed()}
+            if spec.start_epoch not in committed:
+                raise CheckpointError(f"{run.url}: no checkpoint of epoch {spec.start_epoch}")
+            state = ckpt.load(committed[spec.start_epoch])
+        until = spec.until or t.epochs
+        built = build_trainer(
+            run,
+            data,
+            device=device,
+            until=until,
+            train=own,
+            training=training,
+            rank=spec.rank,
+            world_size=spec.world_size,
+            part=part,
+            stream=stream,
+            exchange=exchange,
+            records=lead,
+            recorder=Reporter(spec.queue) if lead and spec.queue else None,
+            governor=governor,
+            rank_callbacks=spec.rank_callbacks,
+            state=state,
+        )
+        trainer = built.trainer
+        try:
+            trainer.fit(until=until)
+        finally:
+            if built.saver is not None:
+                built.saver.close()
+        return {"rank": spec.rank, "epoch": trainer.epoch, "global_step": trainer.global_step}
+    finally:
+        dist.destroy_process_group()

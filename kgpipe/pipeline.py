@@ -1,0 +1,116 @@
+"""A whole run without Prefect: stage, train segment by segment, finish -- the library's entry.
+
+``train(config)`` = :func:`~kgpipe.runs.stage.prepare_run` (stage or resume) → a launcher (this
+process, or a gang on the configured Dask cluster) → :func:`~kgpipe.runs.segments.drive_segments`
+→ :func:`~kgpipe.runs.finish.finish_run` (final model, test metrics, embeddings). The Prefect
+flow (``flows/train.py``) composes the same steps as tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distributed import Client
+
+from kgpipe.config import RunConfig
+from kgpipe.evaluation import ProgressFn
+from kgpipe.launch.base import Launcher
+from kgpipe.launch.dask import DaskLauncher, open_run_cluster
+from kgpipe.launch.in_process import InProcessLauncher
+from kgpipe.runs.finish import finish_run
+from kgpipe.runs.folder import RunFolder
+from kgpipe.runs.segments import drive_segments
+from kgpipe.runs.stage import prepare_run
+from kgpipe.training.hooks import Callback
+from kgpipe.training.records import EpochStats
+
+__all__ = ["RunResult", "make_launcher", "train"]
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class RunResult:
+    """What :func:`train` produced."""
+
+    url: str
+    config: RunConfig
+    history: list[EpochStats]
+    results: dict[str, Any] | None
+    seconds: float
+
+
+def make_launcher(
+    run: RunFolder,
+    *,
+    client: Client | None = None,
+    callbacks: Sequence[Callback] = (),
+    rank_callbacks: Sequence[Callback] = (),
+    log: Log | None = None,
+    restarts: int = 0,
+) -> Launcher:
+    """The launcher of ``run``: a gang on ``client``'s cluster when the config trains on Dask
+    (``distributed.uses_dask``), else this process."""
+    if run.config.distributed.uses_dask:
+        if client is None:
+            raise ValueError("a Dask run needs the client of its cluster")
+        return DaskLauncher(
+            run,
+            client,
+            callbacks=callbacks,
+            rank_callbacks=rank_callbacks,
+            log=log,
+            restarts=restarts,
+        )
+    return InProcessLauncher(run, callbacks=callbacks, rank_callbacks=rank_callbacks, log=log)
+
+
+def train(
+    config: RunConfig,
+    *,
+    callbacks: Sequence[Callback] = (),
+    rank_callbacks: Sequence[Callback] = (),
+    overwrite: bool = False,
+    resume: bool = False,
+    log: Log | None = None,
+    eval_progress: ProgressFn | None = None,
+) -> RunResult:
+    """Train, evaluate and export one run without Prefect; returns where it went and the results.
+
+    ``resume`` continues the run folder's latest committed checkpoint (if the folder exists).
+    ``callbacks`` see a read-only view of training wherever it runs; ``rank_callbacks`` run next
+    to the model (on every rank of a gang, so they must pickle). Bad input (data, config, an
+    existing run folder without ``overwrite``/``resume``) raises a
+    :class:`~kgpipe.errors.KgpipeError` before anything is written.
+    """
+    say = log or (lambda _msg: None)
+    t_start = time.perf_counter()
+    run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
+    with contextlib.ExitStack() as stack:
+        client = None
+        if run.config.distributed.uses_dask:
+            client = stack.enter_context(open_run_cluster(run.config, log=say))
+        launcher = make_launcher(
+            run, client=client, callbacks=callbacks, rank_callbacks=rank_callbacks, log=say
+        )
+        stack.callback(launcher.close)
+        history, restarts = drive_segments(run, launcher.train_until, log=say)
+    results = finish_run(
+        run,
+        history=history,
+        restarts=restarts,
+        seconds=time.perf_counter() - t_start,
+        log=say,
+        eval_progress=eval_progress,
+    )
+    return RunResult(
+        run.url,
+        run.config,
+        [EpochStats.from_dict(h) for h in history],
+        results,
+        time.perf_counter() - t_start,
+    )

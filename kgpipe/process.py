@@ -1,0 +1,176 @@
+"""Process-wide settings, made in one place: torch threads, the allocator, deterministic kernels.
+
+Called by the CLI, the in-process launcher and the Dask worker plugin (and a rank's task thread,
+since OpenMP's thread count belongs to the calling thread). Nothing here runs at import.
+
+**Sharing the machine.** Intra-op threads of torch (OpenMP) spin-wait at the end of every
+parallel region. Alone that is the fastest setting, but next to another busy process one of our
+threads is descheduled while the other spins for it, and a run slows down several times over
+(docs/benchmarks.md, "Sharing the machine"). A static single thread avoids that but gives up much
+of the speed of running alone (most for the 1-vs-all matrix products). So unless
+``training.threads`` pins the count, a :class:`ThreadGovernor` measures how much CPU the *other*
+processes use (``/proc/stat`` minus this process's own time) every second and runs with the
+cores they leave free: all of them alone, fewer next to a busy neighbour or a second kgpipe run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "ThreadGovernor",
+    "available_cores",
+    "configure",
+    "retain_freed_memory",
+    "thread_environ",
+]
+
+log = logging.getLogger("kgpipe.process")
+
+# glibc mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+_retaining = False
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, else the CPU count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def thread_environ(threads: int) -> dict[str, str]:
+    """Environment that sizes OpenMP/MKL/OpenBLAS pools of a process started with it."""
+    t = str(threads)
+    return {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t, "OPENBLAS_NUM_THREADS": t}
+
+
+def configure(
+    *, threads: int | None, allocator: str = "retain", deterministic: bool = True
+) -> None:
+    """Apply the process settings of a run (``training.threads``, ``.allocator``,
+    ``.deterministic``). ``threads=None`` leaves the count to a :class:`ThreadGovernor`."""
+    if threads:
+        torch.set_num_threads(threads)
+    if allocator == "retain":
+        retain_freed_memory()
+    # warn_only: a kernel without a deterministic variant warns instead of failing the run
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+
+
+def retain_freed_memory() -> bool:
+    """Keep freed CPU buffers in this process's heap instead of handing them back to the OS.
+
+    glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with a
+    fresh ``mmap`` and unmaps it on free, so a training step that allocates a
+    (batch x entities) score matrix of hundreds of MiB page-faults all of it in again on every
+    step. Raising the mmap and trim thresholds (``mallopt``, what ``MALLOC_MMAP_THRESHOLD_`` does
+    from the environment) lets the next step reuse the pages (measured in docs/benchmarks.md,
+    "Where freed memory goes"). The price is that the process keeps its peak heap instead of
+    shrinking between steps.
+
+    Applies to the whole process, once; a no-op (``False``) off Linux or without glibc.
+    """
+    global _retaining
+    if _retaining:
+        return True
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and friends: no mallopt
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    # 1 GiB: larger blocks still get their own mapping; the trim threshold is the largest int
+    ok = mallopt(_M_MMAP_THRESHOLD, 1 << 30) == 1 and mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1
+    _retaining = ok
+    return ok
+
+
+_STAT = Path("/proc/stat")
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _busy_seconds() -> float | None:
+    """CPU seconds all processes have run (and the hypervisor stole) since boot, or None."""
+    try:
+        first = _STAT.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu":
+        return None
+    # user nice system idle iowait irq softirq steal (guest time is inside user)
+    values = [int(v) for v in first[1:9]]
+    busy = values[0] + values[1] + values[2] + values[5] + values[6] + values[7]
+    return busy / _TICK
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+class ThreadGovernor:
+    """Sizes torch's intra-op threads to the cores other processes leave free.
+
+    :meth:`tick` is cheap and meant to be called often (every training step, every evaluation
+    chunk) from the thread that runs the computation; at most every ``interval_s`` it compares
+    the machine's busy time with this process's own and sets ``cores - others`` threads (at
+    least 1, at most ``cap``), rounding ``0.3`` of a core up so that a light neighbour does not
+    halve a run. Where ``/proc/stat`` is missing it keeps ``cap`` threads.
+    """
+
+    def __init__(self, cap: int | None = None, *, interval_s: float = 1.0) -> None:
+        self.cores = available_cores()
+        self.cap = max(1, min(cap or self.cores, self.cores))
+        self.interval_s = interval_s
+        self.threads = self.cap
+        self.changes = 0
+        self._last: tuple[float, float, float] | None = None
+        self._next = 0.0
+
+    def start(self) -> ThreadGovernor:
+        """Begin with ``cap`` threads; the first decision follows after half an interval."""
+        torch.set_num_threads(self.threads)
+        self._last = self._sample()
+        self._next = time.monotonic() + self.interval_s / 2
+        return self
+
+    def _sample(self) -> tuple[float, float, float] | None:
+        busy = _busy_seconds()
+        if busy is None:
+            return None
+        return time.monotonic(), busy, _own_seconds()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next or self._last is None:
+            return
+        sample = self._sample()
+        if sample is None:
+            self._last = None  # no /proc/stat: stay at cap
+            return
+        wall = sample[0] - self._last[0]
+        others = max(0.0, (sample[1] - self._last[1]) - (sample[2] - self._last[2])) / wall
+        self._last, self._next = sample, now + self.interval_s
+        target = max(1, min(self.cap, int(self.cores - others + 0.3)))
+        if target != self.threads:
+            log.info(
+                "torch threads %d -> %d (other processes use %.1f of %d cores)",
+                self.threads, target, others, self.cores,
+            )  # fmt: skip
+            torch.set_num_threads(target)
+            self.threads = target
+            self.changes += 1

@@ -1,0 +1,124 @@
+"""The callbacks that write a run's records: metrics, validation, checkpoints.
+
+The factory (:func:`kgpipe.launch.build.build_trainer`) builds them with what they need (the
+model to validate, the trainer's state to commit) and puts them in their one fixed order:
+validation first (it adds ``valid_*`` to the epoch's stats), then the checkpoint (its manifest
+records them), then the metrics and progress that report the epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from torch import Tensor
+
+from kgpipe.checkpoint import CheckpointStore, CheckpointWriter, TrainState
+from kgpipe.config import RunConfig
+from kgpipe.evaluation import FilterIndex, evaluate
+from kgpipe.models.model import KGEModel
+from kgpipe.runs.folder import METRICS
+from kgpipe.runs.segments import validation_due
+from kgpipe.storage import Store
+from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.records import EpochStats
+
+__all__ = ["CheckpointCallback", "MetricsWriter", "Validation"]
+
+
+class MetricsWriter(Callback):
+    """Rewrites ``metrics.jsonl`` after every epoch (object stores cannot append)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.lines: list[str] = []
+
+    def reset(self, history: Sequence[EpochStats | dict[str, Any]]) -> None:
+        """Start again from a checkpoint's history (epochs after it are trained again)."""
+        self.lines = [json.dumps(h.as_dict() if isinstance(h, EpochStats) else h) for h in history]
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        self.lines.append(json.dumps(stats.as_dict()))
+        self.store.write_text(METRICS, "\n".join(self.lines) + "\n")
+
+
+class Validation(Callback):
+    """Filtered validation of ``model`` when due; adds ``valid_*`` entries to the epoch stats.
+
+    ``tick`` is called between evaluation chunks (the thread governor's, so that a long
+    validation adapts to a neighbour too)."""
+
+    def __init__(
+        self,
+        model: KGEModel,
+        valid: Tensor,
+        index: FilterIndex,
+        config: RunConfig,
+        *,
+        tick: Callable[[], None] | None = None,
+    ) -> None:
+        self.model = model
+        self.valid = valid
+        self.index = index
+        self.cfg = config.evaluation
+        self.total_epochs = config.training.epochs
+        self.tick = tick
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        if not validation_due(stats.epoch, self.cfg.every, self.total_epochs):
+            return
+        if self.valid.numel() == 0:
+            return
+        t0 = time.perf_counter()
+        tick = self.tick
+        m = evaluate(
+            self.model,
+            self.valid,
+            self.index,
+            batch_size=self.cfg.batch_size,
+            sampled=self.cfg.sampled,
+            progress=(lambda _done, _total: tick()) if tick is not None else None,
+        )
+        keys = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+        stats.extra.update({f"valid_{k}": m[k] for k in keys})
+        stats.extra["valid_candidates"] = m["candidates"]
+        stats.extra["valid_seconds"] = time.perf_counter() - t0
+
+
+class CheckpointCallback(Callback):
+    """Commits a checkpoint every ``every`` epochs and always at epoch ``until`` (the end of the
+    segment being trained), after the validation has run.
+
+    ``state`` gives the trainer's resumable state for a history; ``meta`` goes into every
+    manifest (config hash, data fingerprint, world size, ...).
+    """
+
+    def __init__(
+        self,
+        checkpoints: CheckpointStore,
+        state: Callable[[Sequence[EpochStats]], TrainState],
+        *,
+        every: int,
+        until: int,
+        meta: dict[str, Any],
+        background: bool = True,
+    ) -> None:
+        self.state = state
+        self.every = every
+        self.until = until
+        self.meta = meta
+        self.writer = CheckpointWriter(checkpoints, background=background)
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        if stats.epoch % self.every and stats.epoch != self.until:
+            return
+        meta = {**self.meta, "valid_mrr": stats.extra.get("valid_mrr")}
+        self.writer.submit(self.state([*trainer.history, stats]), meta)
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        self.writer.wait()
+
+    def close(self) -> None:
+        self.writer.close()

@@ -1,0 +1,130 @@
+"""Finishing a run: the final model (the best validated checkpoint under early stopping, else
+the latest), the filtered test evaluation with its protocol, and the embeddings export."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from kgpipe.checkpoint import TrainState
+from kgpipe.config import RunConfig
+from kgpipe.data.vocab import Vocabulary
+from kgpipe.devices import resolve_device
+from kgpipe.errors import RunError
+from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
+from kgpipe.export import export_embeddings, save_model
+from kgpipe.models.model import KGEModel
+from kgpipe.process import retain_freed_memory
+from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder
+
+__all__ = ["evaluation_protocol", "finish_run", "test_results"]
+
+Log = Callable[[str], None]
+
+
+def evaluation_protocol(config: RunConfig, *, candidates: str = "all") -> dict[str, Any]:
+    """The protocol stated next to every metric we write."""
+    return {
+        "task": "link prediction, both sides (head and tail queries)",
+        "ranking": "filtered",
+        "filter": ["train", "valid", "test"],
+        "candidates": "all entities" if candidates == "all" else candidates,
+        "ties": "realistic (mean of optimistic and pessimistic rank)",
+        "unseen": config.data.unseen,
+        "metrics": ["mrr", "mr", "hits@1", "hits@3", "hits@10"],
+    }
+
+
+def test_results(
+    config: RunConfig,
+    model: KGEModel,
+    triples: Tensor,
+    index: FilterIndex,
+    split: str,
+    progress: ProgressFn | None = None,
+) -> dict[str, Any]:
+    """Filtered metrics of ``triples`` as ``results.json`` states them (with the protocol)."""
+    t0 = time.perf_counter()
+    m = evaluate(model, triples, index, batch_size=config.evaluation.batch_size, progress=progress)
+    seconds = time.perf_counter() - t0
+    return {
+        "split": split,
+        **{k: m[k] for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")},
+        "head": m["head"],
+        "tail": m["tail"],
+        "triples": m["triples"],
+        "protocol": evaluation_protocol(config, candidates=m["candidates"]),
+        "model": config.model.name,
+        "seconds": seconds,
+    }
+
+
+def finish_run(
+    run: RunFolder,
+    *,
+    history: Sequence[dict[str, Any]],
+    restarts: int = 0,
+    seconds: float | None = None,
+    log: Log | None = None,
+    eval_progress: ProgressFn | None = None,
+) -> dict[str, Any] | None:
+    """Write the final model, evaluate it on test, export embeddings; returns ``results.json``'s
+    content (``None`` without a test split or with ``evaluation.test`` off)."""
+    say = log or (lambda _msg: None)
+    config, store = run.config, run.store
+    checkpoints = run.checkpoints()
+    chosen = checkpoints.best() if config.evaluation.patience else None
+    state: TrainState | None = None
+    if chosen is not None:
+        state = checkpoints.load(chosen)
+        say(f"keeping the best validated model (epoch {chosen.epoch}, MRR {chosen.valid_mrr:.4f})")
+    else:
+        found = checkpoints.latest()
+        if found is None and config.training.epochs > 0:
+            raise RunError(f"{run.url}: no committed checkpoint to finish from")
+        chosen, state = found if found else (None, None)
+    model = KGEModel.build(
+        config.model,
+        num_entities=run.num_entities,
+        num_relations=run.num_relations,
+        seed=config.run.seed,
+    )
+    if state is not None:  # else training.epochs == 0: the seeded initial model
+        with torch.no_grad():
+            model.entity.copy_(state.tables["entity"])
+            model.relation.copy_(state.tables["relation"])
+    save_model(model, store)
+    vocab = Vocabulary.read(store.url_of(VOCAB), config.run.storage_options, retry=run.retry)
+    results: dict[str, Any] | None = None
+    data = run.staged()
+    if config.evaluation.test and data.test.numel():
+        say(f"evaluating on test ({data.test.shape[0]} triples, both sides)")
+        index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
+        if config.training.allocator == "retain":
+            retain_freed_memory()  # (batch x entities) score blocks reuse their pages
+        model.to(resolve_device(config.training.device))  # rank on the GPU if there is one
+        results = test_results(config, model, data.test, index, "test", eval_progress)
+        model.cpu()
+        results["training"] = {
+            "epochs": len(history),
+            "model_epoch": chosen.epoch if chosen else 0,
+            "checkpoint": chosen.url if chosen else None,
+            "restarts": restarts,
+            "world_size": config.distributed.workers,
+            "train_seconds": sum(float(h["seconds"]) for h in history),
+            "wall_seconds": seconds,
+            "resumed_from_epoch": run.resumed_epoch,
+        }
+        store.write_json(RESULTS, results)
+    export_embeddings(
+        model,
+        vocab,
+        store.url_of(EMBEDDINGS),
+        storage_options=config.run.storage_options,
+        retry=run.retry,
+    )
+    return results

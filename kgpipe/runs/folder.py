@@ -1,0 +1,167 @@
+"""The run folder ``{run.root}/{run.name}/``: what it holds, and the record of a staged run.
+
+* ``config.yaml`` -- the resolved config (credentials redacted)
+* ``data.json`` -- what was read (per split: source, lines, triples, duplicates, unseen), the
+  input fingerprint and the graph's size; written last by staging, so its presence means
+  "staged"
+* ``vocab/entities.tsv``, ``vocab/relations.tsv`` -- ``id<TAB>label``
+* ``data/shards/``, ``data/valid.npy``, ``data/test.npy`` -- staged training shards, split ids
+* ``checkpoints/epoch-NNNNNN/`` -- committed checkpoints (:mod:`kgpipe.checkpoint`)
+* ``metrics.jsonl`` -- one JSON object per epoch
+* ``model.safetensors`` -- the trained tables (no pickle)
+* ``results.json`` -- final test metrics and the evaluation protocol
+* ``report.md``, ``curves.png`` -- the end-of-run report and its curve
+* ``embeddings/entities.parquet``, ``embeddings/relations.parquet``
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from kgpipe.checkpoint import CheckpointStore
+from kgpipe.config import RunConfig, config_hash
+from kgpipe.data.shards import MANIFEST, read_manifest, read_shards
+from kgpipe.errors import RunError
+from kgpipe.storage import RetryPolicy, Store, join_url
+
+__all__ = [
+    "CONFIG",
+    "DATA",
+    "METRICS",
+    "RESULTS",
+    "TEST_IDS",
+    "VALID_IDS",
+    "VOCAB",
+    "RunFolder",
+    "StagedData",
+    "load_ids",
+    "retry_policy",
+    "run_exists_error",
+    "run_store",
+    "save_ids",
+]
+
+CONFIG = "config.yaml"
+DATA = "data.json"
+VOCAB = "vocab"
+VALID_IDS = "data/valid.npy"
+TEST_IDS = "data/test.npy"
+METRICS = "metrics.jsonl"
+RESULTS = "results.json"
+REPORT = "report.md"
+CURVES = "curves.png"
+EMBEDDINGS = "embeddings"
+
+
+def retry_policy(config: RunConfig) -> RetryPolicy:
+    """The storage retries of ``config`` (``fault_tolerance``)."""
+    ft = config.fault_tolerance
+    return RetryPolicy(retries=ft.storage_retries, backoff_s=ft.storage_backoff_s)
+
+
+def run_store(config: RunConfig) -> Store:
+    """The store of ``config``'s run folder (``run.name`` must be set)."""
+    assert config.run.name is not None
+    url = join_url(config.run.root, config.run.name)
+    return Store(url, config.run.storage_options, retry=retry_policy(config))
+
+
+def run_exists_error(url: str) -> RunError:
+    return RunError(
+        f"{url}: a run with this name exists; choose another run.name, pass --resume to "
+        "continue it or --overwrite to replace it"
+    )
+
+
+def is_staged(store: Store) -> bool:
+    """Staging finished (``data.json`` is written after the shards, valid/test and vocabulary)."""
+    return store.exists(DATA) and store.exists(MANIFEST)
+
+
+def save_ids(store: Store, rel: str, triples: Tensor) -> None:
+    buf = io.BytesIO()
+    np.save(buf, triples.numpy().astype(np.int64), allow_pickle=False)
+    store.write_bytes(rel, buf.getvalue())
+
+
+def load_ids(store: Store, rel: str) -> Tensor:
+    return torch.from_numpy(np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False))
+
+
+@dataclass
+class StagedData:
+    """The staged triples of a run: all training shards (in shard order), valid and test ids."""
+
+    train: Tensor
+    valid: Tensor
+    test: Tensor
+
+
+@dataclass
+class RunFolder:
+    """A run folder whose data is staged: what every later step needs, small and picklable
+    (Prefect tasks pass it between each other; ranks rebuild it from its fields)."""
+
+    url: str
+    config: RunConfig
+    num_entities: int
+    num_relations: int
+    num_train: int
+    fingerprint: str
+    resumed_epoch: int  # the committed epoch training continues from (0: a fresh start)
+
+    @property
+    def store(self) -> Store:
+        return run_store(self.config)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return retry_policy(self.config)
+
+    def checkpoints(self) -> CheckpointStore:
+        c = self.config.checkpoint
+        return CheckpointStore(self.store, keep_last=c.keep_last, keep_best=c.keep_best)
+
+    def manifest_meta(self, world_size: int) -> dict[str, Any]:
+        """What every checkpoint manifest of this run records besides the state."""
+        return {
+            "config_hash": config_hash(self.config),
+            "data_fingerprint": self.fingerprint,
+            "world_size": world_size,
+            "sync": self.config.distributed.sync if world_size > 1 else "none",
+            "optimizer": self.config.training.optimizer,
+            "model": self.config.model.name,
+        }
+
+    def staged(self, *, train: bool = True) -> StagedData:
+        """The staged triples (``train=False``: only valid and test, an empty train)."""
+        store = self.store
+        if train:
+            manifest = read_manifest(store)
+            train_all = read_shards(store, manifest, list(range(manifest.num_shards)))
+        else:
+            train_all = torch.zeros(0, 3, dtype=torch.long)
+        return StagedData(train_all, load_ids(store, VALID_IDS), load_ids(store, TEST_IDS))
+
+    @classmethod
+    def read(cls, config: RunConfig, *, resumed_epoch: int = 0) -> RunFolder:
+        """The record of the staged run folder of ``config``."""
+        store = run_store(config)
+        if not is_staged(store):
+            raise RunError(f"{store.url}: the run's data is not staged")
+        info = store.read_json(DATA)
+        return cls(
+            store.url,
+            config,
+            int(info["num_entities"]),
+            int(info["num_relations"]),
+            int(read_manifest(store).total),
+            str(info["fingerprint"]),
+            resumed_epoch,
+        )

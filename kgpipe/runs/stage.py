@@ -1,0 +1,131 @@
+"""Staging a run folder, or deciding to resume one.
+
+Staging validates the input (every input error surfaces before anything is written), writes
+the config, the vocabulary, the shuffled training shards (any world size can read them), the
+valid/test ids and, last, ``data.json``. A resume reuses a staged folder and continues from its
+latest committed checkpoint (:mod:`kgpipe.runs.resume` says when it may).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kgpipe.config import RunConfig, config_to_yaml
+from kgpipe.data.dataset import load_dataset
+from kgpipe.data.shards import stage_shards
+from kgpipe.errors import ConfigError
+from kgpipe.runs.folder import (
+    CONFIG,
+    DATA,
+    TEST_IDS,
+    VALID_IDS,
+    VOCAB,
+    RunFolder,
+    is_staged,
+    retry_policy,
+    run_exists_error,
+    run_store,
+    save_ids,
+)
+from kgpipe.runs.resume import check_resumable
+from kgpipe.runs.warmstart import commit_warm_start
+from kgpipe.training.schedules import SCHEDULES
+
+__all__ = ["preflight", "prepare_run"]
+
+Log = Callable[[str], None]
+
+
+def preflight(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> RunConfig:
+    """Check, before anything runs, that ``config`` may start: an existing run folder needs
+    ``resume`` (then its config must allow it) or ``overwrite``, and a new run's input must
+    read and parse. Writes nothing; returns the config with its run name set."""
+    config = config.with_run_name()
+    store = run_store(config)
+    exists = store.exists(CONFIG)
+    if exists and resume:
+        check_resumable(store, config)
+    elif exists and not overwrite:
+        raise run_exists_error(store.url)
+    else:
+        load_dataset(config.data, retry=retry_policy(config))
+    return config
+
+
+def prepare_run(
+    config: RunConfig,
+    *,
+    overwrite: bool = False,
+    resume: bool = False,
+    warm_start: str | None = None,
+    log: Log | None = None,
+) -> RunFolder:
+    """Create the run folder and stage the data, or (``resume``) reuse a run folder's staged data
+    and continue from its latest committed checkpoint.
+
+    ``warm_start`` (a previous run folder's URL) commits an epoch-0 checkpoint whose tables come
+    from that run's model, matched by label (see :mod:`kgpipe.runs.warmstart`).
+
+    Bad input raises a :class:`~kgpipe.errors.KgpipeError` before anything is written.
+    """
+    say = log or (lambda _msg: None)
+    config = config.with_run_name()
+    store = run_store(config)
+    exists = store.exists(CONFIG)
+    if exists and resume:
+        extended_from = check_resumable(store, config)
+        if extended_from is not None:
+            say(f"extending {store.url} from {extended_from} to {config.training.epochs} epochs")
+            store.write_text(CONFIG, config_to_yaml(config))
+        if is_staged(store):
+            run = RunFolder.read(config)
+            found = run.checkpoints().latest()
+            run.resumed_epoch = found[0].epoch if found else 0
+            say(
+                f"resuming {store.url} from the checkpoint of epoch {run.resumed_epoch}"
+                if found
+                else f"resuming {store.url}: staged data found, no committed checkpoint yet"
+            )
+            return run
+        say(f"{store.url}: staging had not finished; staging again")
+    elif exists and not overwrite:
+        raise run_exists_error(store.url)
+    dataset = load_dataset(config.data, retry=retry_policy(config))  # input errors: before writes
+    say(dataset.summary())
+    if SCHEDULES.get(config.training.schedule).follows_validation and dataset.valid.numel() == 0:
+        raise ConfigError(
+            f"training.schedule={config.training.schedule} needs validation triples, and the "
+            f"valid split ({config.data.valid or config.data.dataset}) has none"
+        )
+    if exists:
+        store.remove()
+
+    store.write_text(CONFIG, config_to_yaml(config))
+    dataset.vocab.write(store.url_of(VOCAB), config.run.storage_options, retry=store.retry)
+    manifest = stage_shards(
+        dataset.train, store, num_shards=config.distributed.shards, seed=config.run.seed
+    )
+    save_ids(store, VALID_IDS, dataset.valid)
+    save_ids(store, TEST_IDS, dataset.test)
+    store.write_json(
+        DATA,
+        {
+            "fingerprint": dataset.fingerprint,
+            "num_entities": dataset.num_entities,
+            "num_relations": dataset.num_relations,
+            "splits": {k: vars(v) for k, v in dataset.reports.items()},
+        },
+    )
+    run = RunFolder(
+        store.url,
+        config,
+        dataset.num_entities,
+        dataset.num_relations,
+        manifest.total,
+        dataset.fingerprint,
+        0,
+    )
+    if warm_start is not None:
+        summary = commit_warm_start(run, dataset.vocab, warm_start)
+        say(f"warm start from {warm_start}: {summary}")
+    return run

@@ -1,0 +1,47 @@
+"""How the ranks of a gang combine their work: the interface, and the identity of one process.
+
+The distributed exchanges (gradient sums every step, model averaging every epoch) are in
+:mod:`kgpipe.distributed.comm`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from torch import Tensor
+
+from kgpipe.training.optim import RowGrad, RowOptimizer
+
+__all__ = ["Exchange", "Trainable"]
+
+
+class Trainable(Protocol):
+    """What an exchange may touch of the trainer it is bound to."""
+
+    @property
+    def tables(self) -> dict[str, Tensor]: ...
+
+    @property
+    def optimizer(self) -> RowOptimizer: ...
+
+
+class Exchange:
+    """How a gang of ranks combines its work (the identity in one process)."""
+
+    def bind(self, trainer: Trainable) -> None:
+        """Called once by the trainer that uses this exchange."""
+
+    def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
+        """Combine the ranks' row gradients of one step (step-level synchronisation)."""
+        return grads
+
+    def epoch_end(
+        self, trainer: Trainable, loss_sum: float, queries: int, triples: int
+    ) -> tuple[float, int, int]:
+        """Combine models after an epoch (epoch-level synchronisation); return the global
+        ``(loss_sum, queries, triples)`` of the epoch."""
+        return loss_sum, queries, triples
+
+    def pop_stats(self) -> dict[str, Any]:
+        """Communication statistics since the last call (seconds, bytes sent, ...)."""
+        return {}
