@@ -21,6 +21,8 @@ from kgpipe.distributed.clusters import (
 )
 from kgpipe.errors import RunError
 from kgpipe.pipeline import train
+from kgpipe.training.hooks import Callback, NotInViewError, TrainerView
+from kgpipe.training.records import EpochStats
 
 BASE = {
     "run": {"seed": 3},
@@ -137,7 +139,6 @@ def _worker_pids() -> list[int]:
 
 def test_killed_worker_fails_the_epoch_promptly_and_leaves_no_process(tmp_path: Path) -> None:
     """Without restarts allowed, a killed worker fails the run promptly, naming rank and worker."""
-    from kgpipe.training.hooks import Callback
 
     class KillOnce(Callback):
         killed: int | None = None
@@ -206,3 +207,66 @@ def test_epoch_sync_quality_and_compression_on_umls(tmp_path: Path) -> None:
     assert sent["int8"] < 0.3 * sent["step"] and sent["topk"] < 0.3 * sent["step"], sent
     assert sent["epoch"] < sent["step"], sent
     assert all(m["triples"] == 5216 for m in m_epoch)  # global triples, not one rank's
+
+
+class _Seen(Callback):
+    """Records what a driver-side callback is told of the gang's steps."""
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[int, int, int]] = []
+        self.steps: set[int] = set()
+        self.last_step = 0
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        self.starts.append((trainer.steps_per_epoch, trainer.total_steps, trainer.world_size))
+
+    def on_batch_end(
+        self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        self.steps.add(steps)
+        self.last_step = trainer.global_step
+
+
+def test_the_gang_reports_the_steps_of_its_mode(tmp_path: Path) -> None:
+    """KvsAll steps over (anchor, relation, side) queries, not over training triples: the
+    driver's progress total is the trainer's own count, reported by rank 0 (it was computed
+    from the number of training triples: 21 steps an epoch here instead of 7)."""
+    from kgpipe.data.dataset import load_dataset
+    from kgpipe.training.steps.kvsall import KvsAllIndex
+
+    data = {
+        **BASE,
+        "run": {**BASE["run"], "root": str(tmp_path), "name": "kvsall"},
+        "model": {"name": "distmult", "dim": 16},
+        "training": {"epochs": 2, "batch_size": 256, "mode": "kvsall", "loss": "bce"},
+        "distributed": {"workers": 2, "sync": "step"},
+    }
+    seen = _Seen()
+    train(parse_config(data), callbacks=[seen])
+    ds = load_dataset(parse_config(data).data)
+    per_epoch = -(-len(KvsAllIndex(ds.train, ds.num_relations, False)) // 256)
+    assert per_epoch != -(-ds.train.shape[0] // 256)  # the two counts differ here
+    assert seen.starts == [(per_epoch, 2 * per_epoch, 2)]
+    assert seen.steps == {per_epoch} and seen.last_step == 2 * per_epoch
+
+
+class _ReadsTheModel(Callback):
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        trainer.model  # type: ignore[attr-defined]  # noqa: B018
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_callback_reading_the_model_gets_a_clear_error_in_one_process_and_on_a_gang(
+    tmp_path: Path, workers: int
+) -> None:
+    """Callbacks get a read-only view of training, the same in one process as on the driver of
+    a gang (where the model lives on the ranks): reading the model is a clear error in both."""
+    data = {
+        **BASE,
+        "run": {**BASE["run"], "root": str(tmp_path), "name": f"w{workers}"},
+        "model": {"name": "distmult", "dim": 8},
+        "training": {"epochs": 1, "batch_size": 1024, "negatives": 8, "chunk_size": 64},
+        "distributed": {"workers": workers},
+    }
+    with pytest.raises(NotInViewError, match=r"trainer\.model is not available to callbacks"):
+        train(parse_config(data), callbacks=[_ReadsTheModel()])

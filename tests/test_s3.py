@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import s3fs
@@ -108,3 +110,99 @@ def test_credentials_never_reach_the_run_folder(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
     s3fs.S3FileSystem.clear_instance_cache()
     assert evaluate_run(str(tmp_path / "sec"))["triples"] == 1
+
+
+@pytest.mark.parametrize("when", ["reading the training triples", "writing the vocabulary"])
+def test_s3_outage_during_staging(
+    own_s3_server: Any,
+    datasets_root: Path,
+    tmp_path: Path,
+    when: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """SeaweedFS is stopped while staging reads the graph (or writes the run folder's
+    vocabulary), and started again 6 s later: every read and write of the run goes through the
+    storage layer's retries, and the run completes as it would have without the outage.
+
+    botocore's own retries are turned off here (they alone span about 10 s per call, which
+    would hide an outage this short from kgpipe's layer, the one under test)."""
+    import threading
+    import time
+
+    from safetensors.torch import load as st_load
+
+    from kgpipe.storage import Store
+
+    server = own_s3_server.server
+    s3fs.S3FileSystem.clear_instance_cache()
+    fs = _fs(server)
+    for split in ("train", "valid", "test"):
+        raw = (datasets_root / "nations" / f"{split}.txt").read_bytes()
+        fs.pipe(f"kgpipe/outage/data/{split}.tsv", raw)
+    opts = {**server.storage_options(), "config_kwargs": {"retries": {"max_attempts": 1}}}
+
+    def config(root: str, name: str, root_opts: dict[str, Any]) -> Any:
+        return parse_config(
+            {
+                "run": {"root": root, "name": name, "storage_options": root_opts},
+                "data": {
+                    **{s: f"s3://kgpipe/outage/data/{s}.tsv" for s in ("train", "valid", "test")},
+                    "storage_options": opts,
+                },
+                "model": {"name": "distmult", "dim": 16},
+                "training": {"epochs": 2, "batch_size": 256, "negatives": 8, "threads": 2},
+                "fault_tolerance": {"storage_retries": 8, "storage_backoff_s": 0.5},
+            }
+        )
+
+    train(config(str(tmp_path), "calm", {}))  # the same run with S3 up throughout
+    seen: dict[str, Any] = {}
+
+    def outage() -> None:
+        if "stopped" in seen:
+            return
+        own_s3_server.stop()
+        seen["stopped"] = time.monotonic()
+
+        def restart() -> None:
+            time.sleep(6)
+            own_s3_server.start()
+            seen["restarted"] = time.monotonic()
+
+        seen["thread"] = threading.Thread(target=restart)
+        seen["thread"].start()
+
+    import kgpipe.data.io as data_io
+
+    real_read = data_io.read_url
+    real_write = Store.write_bytes
+
+    def read_url(url: str, *args: Any, **kwargs: Any) -> bytes:
+        if when.startswith("reading") and url.endswith("outage/data/train.tsv"):
+            outage()
+        return real_read(url, *args, **kwargs)
+
+    def write_bytes(self: Store, rel: str, data: bytes) -> None:
+        if when.startswith("writing") and rel == "entities.tsv":
+            outage()
+        real_write(self, rel, data)
+
+    data_io.read_url = read_url  # type: ignore[assignment]
+    Store.write_bytes = write_bytes  # type: ignore[method-assign]
+    try:
+        with caplog.at_level(logging.WARNING, logger="kgpipe.storage"):
+            result = train(config("s3://kgpipe/outage/runs", "stormy", opts))
+    finally:
+        data_io.read_url = real_read  # type: ignore[assignment]
+        Store.write_bytes = real_write  # type: ignore[method-assign]
+        if "thread" in seen:
+            seen["thread"].join()
+    assert seen["restarted"] - seen["stopped"] >= 6
+    retried = [r.getMessage() for r in caplog.records if r.name == "kgpipe.storage"]
+    assert retried and all("retry" in m for m in retried), retried  # the storage layer's
+    assert result.results is not None
+    calm = json.loads((tmp_path / "calm" / "results.json").read_text())
+    assert result.results["mrr"] == calm["mrr"]
+    stormy = st_load(_fs(server).cat_file("kgpipe/outage/runs/stormy/model.safetensors"))
+    calm_model = st_load((tmp_path / "calm" / "model.safetensors").read_bytes())
+    assert all(bool((stormy[k] == calm_model[k]).all()) for k in ("entity", "relation"))
