@@ -37,12 +37,14 @@ def _artifacts(run_id: str) -> list[Any]:
 @pytest.mark.slow
 def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: Path) -> None:
     server = prefect_env
-    env = {**server.client_env(), "KGPIPE_HOME": str(REPO)}
-    deploy = subprocess.run(
-        ["bash", "deployments/deploy.sh"], cwd=REPO, env={**env, "PREFECT": str(BIN / "prefect")},
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert deploy.returncode == 0, deploy.stdout[-3000:] + deploy.stderr[-3000:]
+    env = server.client_env()  # the server's address: nothing of kgpipe's in the environment
+    for cmd in (["work-pool", "create", "kgpipe-process", "--type", "process"],
+                ["--no-prompt", "deploy", "--all"]):  # fmt: skip
+        done = subprocess.run(
+            [str(BIN / "prefect"), *cmd], cwd=REPO, env=env,
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
     worker = subprocess.Popen(
         [str(BIN / "prefect"), "worker", "start", "--pool", "kgpipe-process"],
