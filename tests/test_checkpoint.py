@@ -192,6 +192,16 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
         train(_config(str(tmp_path), "a", training={"epochs": 1}, model={"dim": 16}), resume=True)
 
 
+def test_the_thread_count_may_change_on_resume(tmp_path: Path) -> None:
+    """training.threads says how the process shares its machine, not what is trained: a run
+    begun on 1 thread continues on 2 (and a changed model is still refused)."""
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(tmp_path), "t", training={"threads": 1}), callbacks=[_Crash(3)])
+    result = train(_config(str(tmp_path), "t", training={"threads": 2}), resume=True)
+    assert [h.epoch for h in result.history] == [1, 2, 3, 4]
+    assert [h.extra.get("threads") for h in result.history] == [None] * 4  # pinned: no governor
+
+
 def test_a_finished_run_extends_to_more_epochs_bit_identically(tmp_path: Path) -> None:
     """Under a constant learning rate, training.epochs may grow on resume: 2 epochs, then
     resumed to 4, end exactly as 4 epochs straight; a decaying schedule refuses."""
