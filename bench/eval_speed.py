@@ -25,11 +25,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def child(spec: str, data_root: str, batch_size: int, threads: int) -> dict[str, Any]:
+def child(
+    spec: str, data_root: str, batch_size: int, threads: int, device: str = "cpu"
+) -> dict[str, Any]:
     import torch
 
     from kgpipe.config import DataConfig, ModelConfig
     from kgpipe.data.dataset import load_dataset
+    from kgpipe.devices import resolve_device
     from kgpipe.evaluation import FilterIndex, evaluate
     from kgpipe.models.model import KGEModel
 
@@ -42,13 +45,16 @@ def child(spec: str, data_root: str, batch_size: int, threads: int) -> dict[str,
         num_entities=ds.num_entities,
         num_relations=ds.num_relations,
         seed=0,
-    )
+    ).to(resolve_device(device))
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     t0 = time.perf_counter()
     m = evaluate(model, ds.test, index, batch_size=batch_size)
+    if model.entity.is_cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     return {
         "model": spec,
+        "device": str(model.entity.device),
         "dim": 200,
         "batch_size": batch_size,
         "threads": threads,
@@ -68,17 +74,20 @@ def main() -> None:
     p.add_argument("--models", default="distmult,complex,transe-l2,transe-l1,rotate")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (training.device)")
     p.add_argument("--json")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.data_root, args.batch_size, args.threads)))
+        row = child(args.child, args.data_root, args.batch_size, args.threads, args.device)
+        print(json.dumps(row))
         return
     rows = []
     for spec in args.models.split(","):
         out = subprocess.run(
             [sys.executable, __file__, "--child", spec, "--data-root", args.data_root,
-             "--batch-size", str(args.batch_size), "--threads", str(args.threads)],
+             "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+             "--device", args.device],
             check=True, capture_output=True, text=True,
         )  # fmt: skip
         row = json.loads(out.stdout.strip().splitlines()[-1])

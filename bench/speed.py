@@ -33,6 +33,7 @@ from common import hardware  # bench/common.py (this script's folder is on sys.p
 
 from kgpipe.config import DataConfig, ModelConfig, RegularizerConfig, TrainingConfig
 from kgpipe.data.dataset import load_dataset
+from kgpipe.devices import resolve_device
 from kgpipe.models.model import KGEModel
 from kgpipe.process import configure
 from kgpipe.training.loop import Trainer
@@ -62,7 +63,7 @@ def kgpipe_speed(args: argparse.Namespace) -> dict[str, Any]:
         num_entities=ds.num_entities,
         num_relations=ds.num_relations,
         seed=0,
-    )
+    ).to(resolve_device(args.device))
     cfg = TrainingConfig(
         batch_size=args.batch_size,
         negatives=args.negatives,
@@ -87,6 +88,7 @@ def kgpipe_speed(args: argparse.Namespace) -> dict[str, Any]:
     gflops = flops_per_step * best.steps / best.seconds / 1e9
     return {
         "library": "kgpipe",
+        "device": str(model.entity.device),
         "model": args.model,
         "dim": d,
         "p": args.p,
@@ -138,6 +140,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--pykeen-seconds", type=float, default=60.0)
     p.add_argument("--no-pykeen", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (training.device)")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     # a run's kernels (deterministic), these threads, the C library's allocator
