@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ __all__ = [
     "ThreadGovernor",
     "available_cores",
     "configure",
+    "cpu_sample",
     "retain_freed_memory",
     "thread_environ",
 ]
@@ -101,25 +103,36 @@ def retain_freed_memory() -> bool:
 
 _STAT = Path("/proc/stat")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+Sample = tuple[float, float]  # (busy CPU seconds of the cores we may use, our own CPU seconds)
 
 
-def _busy_seconds() -> float | None:
-    """CPU seconds all processes have run (and the hypervisor stole) since boot, or None."""
+def _cpus() -> frozenset[int] | None:
     try:
-        first = _STAT.read_text().split("\n", 1)[0].split()
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
+def cpu_sample(cpus: frozenset[int] | None = None) -> Sample | None:
+    """CPU seconds run on the cores in ``cpus`` (all when None) by every process, the
+    hypervisor's stolen time included, and this process's own CPU seconds; None without
+    ``/proc/stat``."""
+    try:
+        lines = _STAT.read_text().splitlines()
     except OSError:
         return None
-    if not first or first[0] != "cpu":
-        return None
-    # user nice system idle iowait irq softirq steal (guest time is inside user)
-    values = [int(v) for v in first[1:9]]
-    busy = values[0] + values[1] + values[2] + values[5] + values[6] + values[7]
-    return busy / _TICK
-
-
-def _own_seconds() -> float:
+    busy = 0
+    for line in lines:
+        if not line.startswith("cpu") or line.startswith("cpu "):
+            continue
+        fields = line.split()
+        if cpus is not None and int(fields[0][3:]) not in cpus:
+            continue
+        # user nice system idle iowait irq softirq steal (guest time is inside user)
+        v = [int(x) for x in fields[1:9]]
+        busy += v[0] + v[1] + v[2] + v[5] + v[6] + v[7]
     t = os.times()
-    return t.user + t.system
+    return busy / _TICK, t.user + t.system
 
 
 class ThreadGovernor:
@@ -127,32 +140,37 @@ class ThreadGovernor:
 
     :meth:`tick` is cheap and meant to be called often (every training step, every evaluation
     chunk) from the thread that runs the computation; at most every ``interval_s`` it compares
-    the machine's busy time with this process's own and sets ``cores - others`` threads (at
-    least 1, at most ``cap``), rounding ``0.3`` of a core up so that a light neighbour does not
-    halve a run. Where ``/proc/stat`` is missing it keeps ``cap`` threads.
+    the busy time of the cores this process may use with its own and sets ``cores - others``
+    threads (at least 1, at most ``cap``), rounding 0.3 of a core up so that a light neighbour
+    does not halve a run. Where ``/proc/stat`` is missing it keeps ``cap`` threads. ``sample``
+    replaces the measurement (tests).
     """
 
-    def __init__(self, cap: int | None = None, *, interval_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        cap: int | None = None,
+        *,
+        interval_s: float = 1.0,
+        sample: Callable[[], Sample | None] | None = None,
+    ) -> None:
         self.cores = available_cores()
         self.cap = max(1, min(cap or self.cores, self.cores))
         self.interval_s = interval_s
         self.threads = self.cap
         self.changes = 0
-        self._last: tuple[float, float, float] | None = None
+        cpus = _cpus()
+        self._sample = sample or (lambda: cpu_sample(cpus))
+        self._last: tuple[float, Sample] | None = None
         self._next = 0.0
 
     def start(self) -> ThreadGovernor:
-        """Begin with ``cap`` threads; the first decision follows after half an interval."""
+        """Begin with ``cap`` threads; the first decision follows after a quarter interval (a
+        neighbour already running costs the first fraction of a second, not an interval)."""
         torch.set_num_threads(self.threads)
-        self._last = self._sample()
-        self._next = time.monotonic() + self.interval_s / 2
+        first = self._sample()
+        self._last = (time.monotonic(), first) if first is not None else None
+        self._next = time.monotonic() + self.interval_s / 4
         return self
-
-    def _sample(self) -> tuple[float, float, float] | None:
-        busy = _busy_seconds()
-        if busy is None:
-            return None
-        return time.monotonic(), busy, _own_seconds()
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -162,9 +180,9 @@ class ThreadGovernor:
         if sample is None:
             self._last = None  # no /proc/stat: stay at cap
             return
-        wall = sample[0] - self._last[0]
-        others = max(0.0, (sample[1] - self._last[1]) - (sample[2] - self._last[2])) / wall
-        self._last, self._next = sample, now + self.interval_s
+        then, last = self._last
+        others = max(0.0, (sample[0] - last[0]) - (sample[1] - last[1])) / max(now - then, 1e-9)
+        self._last, self._next = (now, sample), now + self.interval_s
         target = max(1, min(self.cap, int(self.cores - others + 0.3)))
         if target != self.threads:
             log.info(
