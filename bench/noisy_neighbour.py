@@ -68,8 +68,11 @@ def measure(variant: str, scenario: str, args: argparse.Namespace, tmp: Path) ->
     """One measurement: the triples/s of the kgpipe run(s) of ``variant`` in ``scenario``."""
     env = dict(os.environ)
     threads: int | None = None
+    cwd = REPO
     if variant == "before":
+        # `python -m` puts the working directory first on sys.path: run from that checkout
         env["PYTHONPATH"] = os.pathsep.join([args.before, env.get("PYTHONPATH", "")])
+        cwd = Path(args.before)
     elif variant.startswith("threads-"):
         threads = int(variant.split("-")[1])
     runs = 2 if scenario == "pair" else 1
@@ -77,7 +80,10 @@ def measure(variant: str, scenario: str, args: argparse.Namespace, tmp: Path) ->
     busy = subprocess.Popen(BUSY) if scenario == "busy" else None
     try:
         procs = [
-            subprocess.Popen(_command(tmp, n, args, threads), cwd=REPO, env=env) for n in names
+            subprocess.Popen(
+                _command(tmp, n, args, threads), cwd=cwd, env=env, stdout=subprocess.DEVNULL
+            )
+            for n in names
         ]
         for proc in procs:
             if proc.wait() != 0:
@@ -86,12 +92,15 @@ def measure(variant: str, scenario: str, args: argparse.Namespace, tmp: Path) ->
         if busy is not None:
             busy.kill()
             busy.wait()
-    return [_rate(tmp / n) for n in names]
+    rates = [_rate(tmp / n) for n in names]
+    if variant == "before" and any("threads" in r for r in rates):  # only this checkout records it
+        raise SystemExit(f"{variant}: this checkout's code ran, not the one at {args.before}")
+    return rates
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--data-root", default=str(REPO.parent / "shared" / "datasets"))
+    p.add_argument("--data-root", default=str((REPO.parent / "shared" / "datasets").resolve()))
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--steps", type=int, default=40, help="steps of 1024 triples per epoch")
     p.add_argument("--rounds", type=int, default=3)

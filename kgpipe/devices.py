@@ -64,8 +64,8 @@ def native_bf16(device: torch.device, cpu_flags: str | None = None) -> bool:
 
     CUDA: what torch reports (Ampere and newer). CPU: the ``avx512_bf16`` or ``amx_bf16`` flag
     in ``/proc/cpuinfo`` (``cpu_flags`` replaces the file's text, for tests); without them,
-    bfloat16 products are emulated, which is slower than float32 (docs/benchmarks.md, "bf16").
-    Unknown (no ``/proc/cpuinfo``): no.
+    bfloat16 products are emulated, which is slower than float32 (docs/benchmarks.md, bf16
+    under "What was tuned"). Unknown (no ``/proc/cpuinfo``): no.
     """
     if device.type == "cuda":
         return bool(torch.cuda.is_bf16_supported())

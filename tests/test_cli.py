@@ -294,3 +294,18 @@ def test_local_prefect_defaults_are_patient_and_keep_user_settings(
     local_prefect_defaults()
     assert os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "120"
     assert os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] == "true"
+
+
+def test_ls_prints_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    from kgpipe.cli.ls import REGISTRIES
+
+    assert main(["ls", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    for key, registry in REGISTRIES:
+        assert list(listed[key]) == list(registry.names()), key
+        assert all(listed[key].values()), key  # every entry has its one-line description
+    assert {"model.name", "training.loss", "data.format", "distributed.cluster"} <= set(listed)
+    assert {"none", "prefect"} <= set(listed["kgpipe train --orchestrator"])
+    assert main(["ls"]) == 0
+    text = capsys.readouterr().out
+    assert "model.name" in text and "complex" in text and "kvsall" in text

@@ -91,7 +91,14 @@ class TrainingConfig(Frozen):
         default=None, gt=0.0, description="Clip the global gradient norm to this value."
     )
     threads: int | None = Field(
-        default=None, ge=1, description="torch intra-op threads (default: all cores)."
+        default=None,
+        ge=1,
+        description=(
+            "torch intra-op threads. Default: the cores other processes leave free, checked "
+            "every second (all of them alone; fewer next to a busy neighbour). Pin a count for "
+            "bit-identical results across runs of kernels that depend on it. May change on "
+            "resume."
+        ),
     )
     max_steps_per_epoch: int | None = Field(
         default=None,
@@ -102,16 +109,16 @@ class TrainingConfig(Frozen):
         default="retain",
         description=(
             "retain: the process keeps freed CPU buffers for the next step instead of returning "
-            "them to the OS after every step (glibc mallopt; 1.5-1.8x faster 1-vs-all steps and "
-            "1.1-1.6x faster evaluation on a 2-core CPU, bench/allocator.py; the process keeps "
-            "its peak memory). system: the C library's defaults."
+            "them to the OS after every step (glibc mallopt): faster steps with large score "
+            "matrices (docs/benchmarks.md), but the process keeps its peak memory. system: the "
+            "C library's defaults."
         ),
     )
     deterministic: bool = Field(
         default=True,
         description=(
             "torch deterministic kernels: with several CPU threads some kernels otherwise vary "
-            "run to run; needed for bit-identical resume (no measurable cost on CPU here)."
+            "run to run; needed for bit-identical resume (its cost: docs/fault-tolerance.md)."
         ),
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
@@ -127,9 +134,9 @@ class TrainingConfig(Frozen):
         description=(
             "Arithmetic of the training score products: bf16 runs the (query x entity) matrix "
             "products in bfloat16 with float32 accumulation, weights, loss and optimiser state "
-            "(mixed precision; DistMult and ComplEx only). auto: bf16 for DistMult and ComplEx "
-            "where the device has native bf16 products (AVX512-BF16/AMX CPUs, recent GPUs), "
-            "else fp32 (emulated bf16 is slower). Evaluation always ranks in float32."
+            "(mixed precision; bilinear models only). auto: bf16 for the bilinear models where "
+            "the device has native bf16 products (AVX512-BF16/AMX CPUs, recent GPUs), else fp32 "
+            "(emulated bf16 is slower). Evaluation always ranks in float32."
         ),
     )
 
