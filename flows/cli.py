@@ -47,6 +47,8 @@ def run(
     # an existing run folder would be replaced
     config = preflight(config, overwrite=overwrite, resume=resume)
     local_prefect_defaults()
+    if log is not None:
+        log(f"training {config.run.name} through the Prefect flow train-kge")
     from flows.train import build_train_flow
 
     flow = build_train_flow(callbacks)

@@ -19,7 +19,7 @@ from prefect.settings import PREFECT_API_URL
 
 from kgpipe.config import RunConfig
 from kgpipe.launch.dask import open_run_cluster
-from kgpipe.runs.segments import drive_segments
+from kgpipe.runs.segments import SegmentResult, drive_segments
 from kgpipe.training.hooks import Callback
 from tasks.kge import (
     evaluate_and_export,
@@ -67,7 +67,7 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
                 address, dashboard = str(client.scheduler.address), str(client.dashboard_link)
             state = {"restarts": 0}
 
-            def segment(until: int) -> Any:
+            def segment(until: int) -> SegmentResult:
                 result = train_segment(
                     run, until, address, state["restarts"], progress, callbacks=callbacks
                 )

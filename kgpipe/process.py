@@ -101,6 +101,9 @@ def retain_freed_memory() -> bool:
     return ok
 
 
+# torch's own default thread count (OMP_NUM_THREADS, else the physical cores), read before
+# anything here changes it: the most a governor uses unless told otherwise
+_DEFAULT_THREADS = torch.get_num_threads()
 _STAT = Path("/proc/stat")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 Sample = tuple[float, float]  # (busy CPU seconds of the cores we may use, our own CPU seconds)
@@ -142,7 +145,8 @@ class ThreadGovernor:
     chunk) from the thread that runs the computation; at most every ``interval_s`` it compares
     the busy time of the cores this process may use with its own and sets ``cores - others``
     threads (at least 1, at most ``cap``), rounding 0.3 of a core up so that a light neighbour
-    does not halve a run. Where ``/proc/stat`` is missing it keeps ``cap`` threads. ``sample``
+    does not halve a run. ``cap`` defaults to torch's own default (``OMP_NUM_THREADS``, else the
+    physical cores). Where ``/proc/stat`` is missing it keeps ``cap`` threads. ``sample``
     replaces the measurement (tests).
     """
 
@@ -154,7 +158,7 @@ class ThreadGovernor:
         sample: Callable[[], Sample | None] | None = None,
     ) -> None:
         self.cores = available_cores()
-        self.cap = max(1, min(cap or self.cores, self.cores))
+        self.cap = max(1, min(cap or _DEFAULT_THREADS, self.cores))
         self.interval_s = interval_s
         self.threads = self.cap
         self.changes = 0

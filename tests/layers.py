@@ -65,6 +65,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.export",
             "kgpipe.distributed.comm",
             "kgpipe.distributed.gang",
+            "kgpipe.distributed.client",
         ),
     ),
     ("runs", ("kgpipe.runs", "kgpipe.runs.*")),

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import torch
-from faults import FaultAt
+from rank_callbacks import FaultAt
 from safetensors.torch import load_file
 
 from kgpipe.checkpoint import CheckpointStore, TrainState

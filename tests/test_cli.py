@@ -309,3 +309,8 @@ def test_ls_prints_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["ls"]) == 0
     text = capsys.readouterr().out
     assert "model.name" in text and "complex" in text and "kvsall" in text
+
+
+def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:
+    proc = _run_cli("train", "-c", str(_config(tmp_path)), "--resume", "--overwrite", cwd=tmp_path)
+    assert proc.returncode == 2 and "not allowed with argument" in proc.stderr

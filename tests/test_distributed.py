@@ -13,12 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from kgpipe.config import parse_config
-from kgpipe.distributed.clusters import (
-    QUIET_WORKER_CONFIG,
-    cluster_kwargs,
-    open_cluster,
-    worker_threads,
-)
+from kgpipe.distributed.client import open_cluster
+from kgpipe.distributed.clusters import QUIET_WORKER_CONFIG, cluster_kwargs, worker_threads
 from kgpipe.errors import RunError
 from kgpipe.pipeline import train
 from kgpipe.training.hooks import Callback, NotInViewError, TrainerView
@@ -270,3 +266,21 @@ def test_a_callback_reading_the_model_gets_a_clear_error_in_one_process_and_on_a
     }
     with pytest.raises(NotInViewError, match=r"trainer\.model is not available to callbacks"):
         train(parse_config(data), callbacks=[_ReadsTheModel()])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_rank_callbacks_run_next_to_the_model(tmp_path: Path, workers: int) -> None:
+    """What a driver-side callback may not read, a rank callback may: it runs on every rank
+    (pickled to the workers of a gang) and its view has the model."""
+    from rank_callbacks import RecordModel
+
+    data = {
+        **BASE,
+        "run": {**BASE["run"], "root": str(tmp_path), "name": f"w{workers}"},
+        "model": {"name": "distmult", "dim": 8},
+        "training": {"epochs": 1, "batch_size": 1024, "negatives": 8, "chunk_size": 64},
+        "distributed": {"workers": workers},
+    }
+    train(parse_config(data), rank_callbacks=[RecordModel(tmp_path)])
+    seen = sorted(p.read_text() for p in tmp_path.glob("model-*"))
+    assert seen == [f"{rank}:135x8" for rank in range(workers)]  # UMLS: 135 entities

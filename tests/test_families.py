@@ -20,7 +20,8 @@ from kgpipe.data.formats import FORMATS, ParseOptions
 from kgpipe.data.formats.delimited import Csv, Tsv
 from kgpipe.data.formats.ntriples import NTriples
 from kgpipe.data.formats.parquet import Parquet
-from kgpipe.distributed.clusters import CLUSTERS, Cuda, Local, open_cluster
+from kgpipe.distributed.client import open_cluster
+from kgpipe.distributed.clusters import CLUSTERS, Cuda, Local
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS, ComplEx, DistMult, RotatE, TransE
 from kgpipe.models.spec import ModelSpec
@@ -559,3 +560,21 @@ def test_a_registered_class_without_a_case_fails_the_meta_test() -> None:
         assert uncovered() == ["loss 'untested' (Untested)"]
     finally:
         LOSSES._classes.pop("untested")
+
+
+def test_a_class_registered_after_the_config_is_a_valid_name() -> None:
+    """A plug-in registers its model after kgpipe.config was imported: configs accept the name
+    and the JSON schema (the Prefect UI's form) lists it."""
+    from kgpipe.config import RunConfig, parse_config
+
+    @INTERACTIONS.register("plugin-model")
+    class PluginModel(DistMult):
+        """A DistMult under another name."""
+
+    try:
+        config = parse_config({"data": {"dataset": "umls"}, "model": {"name": "plugin-model"}})
+        assert config.model.name == "plugin-model"
+        schema = RunConfig.model_json_schema()["$defs"]["ModelConfig"]["properties"]["name"]
+        assert "plugin-model" in schema["enum"]
+    finally:
+        INTERACTIONS._classes.pop("plugin-model")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -74,19 +75,29 @@ def test_without_a_measurement_the_cap_stays(threads: object) -> None:
     assert gov.threads == min(2, available_cores()) and gov.changes == 0
 
 
-@pytest.mark.skipif(
-    cpu_sample() is None or available_cores() < 2, reason="needs /proc/stat, 2 cores"
-)
+def test_the_cap_is_torchs_own_default(threads: object) -> None:
+    """OMP_NUM_THREADS (or the physical cores) bound what the governor uses, as they bound
+    torch itself."""
+    out = subprocess.run(
+        [sys.executable, "-c", "from kgpipe.process import ThreadGovernor; "
+         "print(ThreadGovernor().start().threads)"],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert out.stdout.strip() == "1"
+
+
+@pytest.mark.skipif(cpu_sample() is None, reason="needs /proc/stat")
 def test_a_busy_neighbour_takes_a_thread_and_gives_it_back(threads: object) -> None:
     """On the real machine: a busy single-threaded process next to us takes one of our cores."""
     gov = ThreadGovernor(interval_s=0.3).start()
-    assert gov.threads == available_cores()
+    if gov.cap < 2 or gov.cap < available_cores():
+        pytest.skip("needs torch to use every core by default, and 2 of them")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         _settle(gov, 2.0)
-        assert gov.threads == available_cores() - 1
+        assert gov.threads == gov.cap - 1
     finally:
         busy.kill()
         busy.wait()
     _settle(gov, 1.5)
-    assert gov.threads == available_cores()
+    assert gov.threads == gov.cap

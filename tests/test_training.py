@@ -571,3 +571,31 @@ def test_rotate_refuses_relation_dropout() -> None:
     with pytest.raises(ValidationError, match="rotation phases"):
         ModelConfig(name="rotate", dim=8, dropout=DropoutConfig(relation=0.1))
     ModelConfig(name="rotate", dim=8, dropout=DropoutConfig(entity=0.1))  # entities may drop
+
+
+def test_callbacks_cannot_change_the_trainer() -> None:
+    """The view callbacks get is read-only: setting anything on it is a clear error (it used to
+    set an attribute on the trainer, where nothing read it)."""
+    from kgpipe.training.hooks import Callback, NotInViewError
+
+    class Stop(Callback):
+        def on_epoch_end(self, trainer, stats) -> None:  # type: ignore[no-untyped-def]
+            trainer.stop_requested = True
+
+    cfg = TrainingConfig(batch_size=4, negatives=2, chunk_size=2, epochs=2)
+    trainer = Trainer(
+        _model("transe"), _triples(6), training=cfg, regularizer=RegularizerConfig(), seed=0,
+        callbacks=[Stop()],
+    )  # fmt: skip
+    with pytest.raises(NotInViewError, match=r"trainer\.stop_requested cannot be set"):
+        trainer.fit()
+
+
+def test_the_view_error_survives_pickling() -> None:
+    """A rank's error crosses to the driver pickled."""
+    import pickle
+
+    from kgpipe.training.hooks import NotInViewError
+
+    err = pickle.loads(pickle.dumps(NotInViewError("model")))
+    assert isinstance(err, NotInViewError) and "trainer.model is not available" in str(err)

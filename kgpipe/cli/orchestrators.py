@@ -43,7 +43,11 @@ def load_orchestrator(name: str) -> Orchestrator:
     found = [ep for ep in entry_points(group=GROUP) if ep.name == name]
     if not found:
         known = ", ".join(orchestrator_names())
-        raise ConfigError(f"unknown orchestrator {name!r} (installed: {known})")
+        raise ConfigError(
+            f"no orchestrator {name!r} is installed (installed: {known}). The Prefect flows "
+            "register as 'prefect' when kgpipe is installed from its checkout (pip install "
+            "-e .); --orchestrator none runs the plain library loop"
+        )
     try:
         run: Orchestrator = found[0].load()
     except ImportError as err:

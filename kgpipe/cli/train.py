@@ -7,7 +7,7 @@ import time
 
 from rich.console import Console
 
-from kgpipe.cli.orchestrators import NONE, load_orchestrator, orchestrator_names
+from kgpipe.cli.orchestrators import NONE, load_orchestrator
 from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics
 from kgpipe.config import load_config
 from kgpipe.pipeline import train
@@ -23,8 +23,9 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument(
         "--set", action="append", metavar="KEY.PATH=VALUE", help="override a config value"
     )
-    t.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
-    t.add_argument(
+    existing = t.add_mutually_exclusive_group()
+    existing.add_argument("--overwrite", action="store_true", help="replace an existing run folder")
+    existing.add_argument(
         "--resume",
         action="store_true",
         help="continue the run folder's latest committed checkpoint (a fresh run if none)",
@@ -47,9 +48,7 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
 def _orchestrator(args: argparse.Namespace) -> str:
     if args.no_prefect:
         return NONE
-    if args.orchestrator:
-        return str(args.orchestrator)
-    return DEFAULT_ORCHESTRATOR if DEFAULT_ORCHESTRATOR in orchestrator_names() else NONE
+    return str(args.orchestrator or DEFAULT_ORCHESTRATOR)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:

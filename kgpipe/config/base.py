@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Mapping
-from typing import Annotated, Any
+from dataclasses import dataclass
+from typing import Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, WithJsonSchema
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic_core import PydanticCustomError, core_schema
 
 from kgpipe.registry import Registry
 
-__all__ = ["Frozen", "redacted_options", "registered"]
+__all__ = [
+    "REDACTED",
+    "Frozen",
+    "Registered",
+    "clean_storage_options",
+    "redact",
+    "redacted_options",
+]
 
 REDACTED = "***redacted***"
 _SECRET_WORDS = ("secret", "password", "token", "credential", "key")
@@ -22,41 +30,46 @@ class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
 
-def _known_name(
-    registry: Registry[Any], names: tuple[str, ...], more: str, accept: Callable[[str], bool] | None
-) -> Callable[[str], str]:
-    def check(value: str) -> str:
-        if value in names or (accept is not None and accept(value)):
+@dataclass(frozen=True)
+class Registered:
+    """``Annotated[str, Registered(REGISTRY)]``: a name of a class in ``REGISTRY`` (or one of
+    ``extra``, or a value ``accept`` takes; ``more`` says what those are in the error).
+
+    Checked against the registry when a config is validated, so a class registered after
+    :mod:`kgpipe.config` was imported (a plug-in) is a valid name too; the JSON schema -- what
+    the Prefect UI renders as a form -- lists the names registered when it is generated."""
+
+    registry: Registry[Any]
+    extra: tuple[str, ...] = ()
+    more: str = ""
+    accept: Callable[[str], bool] | None = None
+
+    def names(self) -> tuple[str, ...]:
+        return (*self.extra, *self.registry.names())
+
+    def check(self, value: str) -> str:
+        names = self.names()
+        if value in names or (self.accept is not None and self.accept(value)):
             return value
         close = difflib.get_close_matches(value, names, n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise PydanticCustomError(
             "unknown_name",
-            f"unknown {registry.family} (known: {', '.join(names)}{more}){hint}",
+            f"unknown {self.registry.family} (known: {', '.join(names)}{self.more}){hint}",
         )
 
-    return check
+    def __get_pydantic_core_schema__(
+        self, source: Any, handler: GetCoreSchemaHandler
+    ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
 
-
-def registered(
-    registry: Registry[Any],
-    *,
-    extra: tuple[str, ...] = (),
-    more: str = "",
-    accept: Callable[[str], bool] | None = None,
-) -> Any:
-    """A ``str`` field whose value must name a class of ``registry`` (or be one of ``extra``,
-    or pass ``accept``; ``more`` describes those in the error). The JSON schema -- what the
-    Prefect UI renders as a form -- lists the names."""
-    names = (*extra, *registry.names())
-    schema: dict[str, Any] = {"type": "string"}
-    if accept is None:
-        schema["enum"] = list(names)
-    return Annotated[
-        str,
-        AfterValidator(_known_name(registry, names, more, accept)),
-        WithJsonSchema(schema),
-    ]
+    def __get_pydantic_json_schema__(
+        self, schema: core_schema.CoreSchema, handler: GetJsonSchemaHandler
+    ) -> dict[str, Any]:
+        out: dict[str, Any] = handler(schema)
+        if self.accept is None:
+            out["enum"] = list(self.names())
+        return out
 
 
 def redact(node: Any) -> Any:

@@ -30,18 +30,20 @@ class RunConfig(Frozen):
 
     @model_validator(mode="after")
     def _plateau(self) -> RunConfig:
-        if not SCHEDULES.get(self.training.schedule).follows_validation:
+        schedule = self.training.schedule
+        if not SCHEDULES.get(schedule).follows_validation:
             return self
         if not self.evaluation.every:
             raise ValueError(
-                "training.schedule=plateau needs evaluation.every > 0: the learning rate is cut "
-                "when the valid MRR stops improving"
+                f"training.schedule={schedule} needs evaluation.every > 0: the learning rate "
+                "follows the valid MRR"
             )
-        cut_after = self.training.plateau.patience + 1  # stalled validations before a cut
+        # the plateau options (the one schedule that follows validation): stalls before a cut
+        cut_after = self.training.plateau.patience + 1
         if self.evaluation.patience and self.evaluation.patience <= cut_after:
             raise ValueError(
                 f"evaluation.patience ({self.evaluation.patience}) must exceed "
-                f"training.plateau.patience + 1 ({cut_after}) under training.schedule=plateau: "
+                f"training.plateau.patience + 1 ({cut_after}) under training.schedule={schedule}: "
                 "early stopping would end the run before a cut learning rate is ever used"
             )
         return self

@@ -3,11 +3,11 @@ checkpoints, fault tolerance. They may change when a run is resumed."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from kgpipe.config.base import Frozen, registered
+from kgpipe.config.base import Frozen, Registered
 from kgpipe.distributed.clusters import CLUSTERS, is_address
 
 __all__ = ["CheckpointConfig", "DistributedConfig", "FaultToleranceConfig"]
@@ -21,9 +21,12 @@ class DistributedConfig(Frozen):
         ge=1,
         description="Training ranks (one per Dask worker). 1 with cluster `local` trains in-process.",
     )
-    cluster: registered(  # type: ignore[valid-type]
-        CLUSTERS, more=", or a scheduler address such as tcp://host:8786", accept=is_address
-    ) = Field(
+    cluster: Annotated[
+        str,
+        Registered(
+            CLUSTERS, more=", or a scheduler address such as tcp://host:8786", accept=is_address
+        ),
+    ] = Field(
         default="local",
         description="`local` (LocalCluster), `cuda` (LocalCUDACluster) or a scheduler address.",
     )

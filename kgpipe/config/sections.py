@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_serializer, field_validator, model_validator
 
-from kgpipe.config.base import Frozen, redact, redacted_options, registered
+from kgpipe.config.base import Frozen, Registered, redact, redacted_options
 from kgpipe.data.formats import FORMATS
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.training.regularizers import REGULARIZERS
@@ -57,7 +57,7 @@ class DataConfig(Frozen):
     train: str | None = Field(default=None, description="URL of the training triples.")
     valid: str | None = Field(default=None, description="URL of the validation triples.")
     test: str | None = Field(default=None, description="URL of the test triples.")
-    format: registered(FORMATS, extra=("auto",)) = Field(  # type: ignore[valid-type]
+    format: Annotated[str, Registered(FORMATS, extra=("auto",))] = Field(
         default="auto", description="File format; `auto` decides by extension (default TSV)."
     )
     delimiter: str | None = Field(
@@ -104,7 +104,7 @@ class DataConfig(Frozen):
 class RegularizerConfig(Frozen):
     """Penalty on the embeddings used in a batch."""
 
-    type: registered(REGULARIZERS) = Field(  # type: ignore[valid-type]
+    type: Annotated[str, Registered(REGULARIZERS)] = Field(
         default="none", description="none, lp (weight * |x|_p^p) or n3 (Lacroix et al. 2018)."
     )
     weight: float = Field(default=0.0, ge=0.0, description="Regularisation weight.")
@@ -127,7 +127,7 @@ class DropoutConfig(Frozen):
 class ModelConfig(Frozen):
     """The embedding model."""
 
-    name: registered(INTERACTIONS) = Field(  # type: ignore[valid-type]
+    name: Annotated[str, Registered(INTERACTIONS)] = Field(
         default="complex", description="Interaction function (`kgpipe ls` lists them)."
     )
     dim: int = Field(

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from kgpipe.config.base import Frozen, registered
+from kgpipe.config.base import Frozen, Registered
 from kgpipe.training.losses import LOSSES
 from kgpipe.training.optim import OPTIMIZERS
 from kgpipe.training.schedules import SCHEDULES
@@ -42,7 +42,7 @@ class TrainingConfig(Frozen):
     batch_size: int = Field(
         default=1024, ge=1, description="Global batch size (positives per step, all ranks)."
     )
-    mode: registered(STEPS) = Field(  # type: ignore[valid-type]
+    mode: Annotated[str, Registered(STEPS)] = Field(
         default="negative_sampling",
         description="Shared-negative sampling, 1-vs-all or KvsAll scoring against all entities.",
     )
@@ -57,7 +57,7 @@ class TrainingConfig(Frozen):
             "with one matrix product."
         ),
     )
-    loss: registered(LOSSES) = Field(  # type: ignore[valid-type]
+    loss: Annotated[str, Registered(LOSSES)] = Field(
         default="softplus",
         description=(
             "margin ranking, softplus (logistic), bce, nssa (self-adversarial, RotatE), "
@@ -71,14 +71,14 @@ class TrainingConfig(Frozen):
     label_smoothing: float = Field(
         default=0.0, ge=0.0, lt=1.0, description="Label smoothing (bce, cross_entropy)."
     )
-    optimizer: registered(OPTIMIZERS) = Field(  # type: ignore[valid-type]
+    optimizer: Annotated[str, Registered(OPTIMIZERS)] = Field(
         default="adam", description="Row-wise sparse optimiser (only touched rows change)."
     )
     lr: float = Field(default=1e-3, gt=0.0, description="Peak learning rate.")
     betas: tuple[float, float] = Field(default=(0.9, 0.999), description="Adam betas.")
     eps: float = Field(default=1e-8, gt=0.0, description="Optimiser epsilon.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warm-up steps.")
-    schedule: registered(SCHEDULES) = Field(  # type: ignore[valid-type]
+    schedule: Annotated[str, Registered(SCHEDULES)] = Field(
         default="constant",
         description=(
             "Learning-rate decay after warm-up: constant, cosine or linear to 0 at the last "

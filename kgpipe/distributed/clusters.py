@@ -3,36 +3,30 @@ address of an existing scheduler.
 
 ``local`` is a :class:`distributed.LocalCluster` on 127.0.0.1, ``cuda`` a dask-cuda
 ``LocalCUDACluster`` (one worker per GPU); any other value of ``distributed.cluster`` is a
-scheduler address (``tcp://host:8786``, ``host:8786``). Per-worker set-up runs in a worker
-plugin at worker start (:class:`TorchWorkerSetup`).
+scheduler address (``tcp://host:8786``, ``host:8786``). Opening a client of either, and the
+per-worker set-up at worker start, is :mod:`kgpipe.distributed.client`. Dask is imported only
+when a cluster starts: the config reads this registry, and reading a config should not load
+Dask.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
-import dask
-from distributed import Client, LocalCluster
-from distributed.diagnostics.plugin import WorkerPlugin
-
-from kgpipe.errors import ConfigError, KgpipeError
-from kgpipe.process import available_cores, configure, thread_environ
+from kgpipe.errors import ConfigError
+from kgpipe.process import available_cores, thread_environ
 from kgpipe.registry import Registry
 
 __all__ = [
     "CLUSTERS",
     "QUIET_WORKER_CONFIG",
     "ClusterKind",
-    "TorchWorkerSetup",
     "cluster_kwargs",
     "is_address",
-    "open_cluster",
+    "worker_environ",
     "worker_threads",
 ]
 
@@ -42,21 +36,6 @@ _ADDRESS = re.compile(r"^([a-z][a-z0-9+.-]*://)?[^\s/:]+(:\d+)?/?$", re.IGNORECA
 def is_address(value: str) -> bool:
     """Whether ``value`` reads as a scheduler address (``tcp://host:port``, ``host:port``)."""
     return "://" in value or (":" in value and bool(_ADDRESS.match(value)))
-
-
-class TorchWorkerSetup(WorkerPlugin):
-    """Per-worker set-up at worker start: the worker's share of torch threads, its environment."""
-
-    name = "kgpipe-torch-setup"
-
-    def __init__(self, threads: int, env: dict[str, str] | None = None) -> None:
-        self.threads = threads
-        self.env = dict(env or {})
-
-    def setup(self, worker: Any) -> None:
-        os.environ.update(self.env)
-        os.environ.update(thread_environ(self.threads))
-        configure(threads=self.threads, allocator="system")
 
 
 def worker_threads(workers: int, threads_per_worker: int | None, cores: int | None = None) -> int:
@@ -121,6 +100,9 @@ class Local(ClusterKind):
     """A LocalCluster of worker processes on 127.0.0.1 (CPU)."""
 
     def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
+        import dask
+        from distributed import LocalCluster
+
         settings = {
             "distributed.nanny.pre-spawn-environ": {**worker_environ(threads), **env},
             "distributed.scheduler.worker-ttl": f"{worker_ttl_s}s",
@@ -145,53 +127,16 @@ class Cuda(ClusterKind):
             raise ConfigError(
                 "distributed.cluster=cuda needs dask-cuda: pip install 'kgpipe[gpu]'"
             ) from None
+        import dask
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("distributed.cluster=cuda: no CUDA GPU is visible to torch")
-        quiet = {"distributed.worker.profile.enabled": False, **QUIET_WORKER_CONFIG}
-        with dask.config.set({"distributed.scheduler.worker-ttl": f"{worker_ttl_s}s", **quiet}):
+        settings = {
+            "distributed.nanny.pre-spawn-environ": env,
+            "distributed.scheduler.worker-ttl": f"{worker_ttl_s}s",
+            "distributed.worker.profile.enabled": False,
+            **QUIET_WORKER_CONFIG,
+        }
+        with dask.config.set(settings):
             return LocalCUDACluster(n_workers=workers)
-
-
-@contextlib.contextmanager
-def open_cluster(
-    cluster: str,
-    *,
-    workers: int,
-    threads_per_worker: int | None = None,
-    worker_ttl_s: float = 60.0,
-    extra_env: dict[str, str] | None = None,
-    log: Callable[[str], None] | None = None,
-) -> Iterator[Client]:
-    """A client of ``cluster`` (a registered kind, started here and closed on exit, or a
-    scheduler address) with ``workers`` workers ready. ``worker_ttl_s`` is the heartbeat
-    timeout of a cluster started here; ``extra_env`` is added to its workers' environment."""
-    say = log or (lambda _m: None)
-    threads = worker_threads(workers, threads_per_worker)
-    owned: Any = None
-    if cluster in CLUSTERS:
-        owned = CLUSTERS.get(cluster)().start(
-            workers=workers, threads=threads, env=dict(extra_env or {}), worker_ttl_s=worker_ttl_s
-        )
-        client = Client(owned)
-    else:
-        try:
-            client = Client(cluster, timeout=30)
-        except (OSError, TimeoutError) as err:
-            raise KgpipeError(f"cannot connect to the Dask scheduler {cluster}: {err}") from None
-    try:
-        try:
-            client.wait_for_workers(workers, timeout=120)
-        except TimeoutError:
-            have = len(client.scheduler_info()["workers"])
-            raise KgpipeError(
-                f"the Dask cluster has {have} workers, distributed.workers asks for {workers}"
-            ) from None
-        client.register_plugin(TorchWorkerSetup(threads))
-        say(f"Dask dashboard: {client.dashboard_link}")
-        yield client
-    finally:
-        client.close()
-        if owned is not None:
-            owned.close()

@@ -8,7 +8,7 @@ assembled the same way wherever it runs. The order of callbacks is fixed here:
    written (in-process, or rank 0 of a gang);
 3. the checkpoint commit (its manifest records those stats) -- likewise;
 4. the records of the epoch: ``metrics.jsonl`` in-process, the progress queue on rank 0;
-5. rank callbacks (run next to the model: in-process, or on every rank);
+5. rank callbacks (run next to the model, in-process or on every rank; their view has it);
 6. the caller's callbacks (in-process; a gang relays events to them on the driver).
 """
 
@@ -27,7 +27,7 @@ from kgpipe.process import ThreadGovernor
 from kgpipe.runs.callbacks import CheckpointCallback, Validation
 from kgpipe.runs.folder import RunFolder, StagedData
 from kgpipe.training.exchange import Exchange
-from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.hooks import Callback, RankView, TrainerView
 from kgpipe.training.loop import Trainer
 from kgpipe.training.records import EpochStats
 
@@ -47,6 +47,31 @@ class GovernorTicker(Callback):
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         stats.extra["threads"] = self.governor.threads
+
+
+class _WithModel(Callback):
+    """Runs a rank callback with the view that also holds the model."""
+
+    def __init__(self, inner: Callback, view: RankView) -> None:
+        self.inner = inner
+        self.view = view
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        self.inner.on_train_start(self.view)
+
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
+        self.inner.on_epoch_start(self.view, epoch)
+
+    def on_batch_end(
+        self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        self.inner.on_batch_end(self.view, epoch, step, steps, loss)
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        self.inner.on_epoch_end(self.view, stats)
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        self.inner.on_train_end(self.view)
 
 
 @dataclass
@@ -78,7 +103,8 @@ def build_trainer(
     state: TrainState | None = None,
 ) -> BuiltTrainer:
     """The trainer of ``run`` to epoch ``until`` on ``train`` (this rank's training triples;
-    default all of ``data.train``, which always holds all of them for the validation filter).
+    default ``data.train``, which holds all of them wherever the trainer validates: the
+    filter needs every known triple).
 
     ``records`` says whether this trainer validates and commits (one process, or rank 0);
     ``recorder`` reports each epoch (the metrics file, or rank 0's progress queue); ``training``
@@ -124,7 +150,8 @@ def build_trainer(
         ordered.append(saver)
     if recorder is not None:
         ordered.append(recorder)
-    ordered += [*rank_callbacks, *callbacks]
+    ordered += [_WithModel(cb, RankView(trainer)) for cb in rank_callbacks]
+    ordered += callbacks
     trainer.callbacks = ordered
     if state is not None:
         trainer.load_state(state)

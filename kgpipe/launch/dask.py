@@ -13,13 +13,13 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from distributed import Client
 
 from kgpipe.config import RunConfig
-from kgpipe.distributed.clusters import open_cluster, worker_threads
+from kgpipe.distributed.client import open_cluster
+from kgpipe.distributed.clusters import worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.errors import RunError
 from kgpipe.launch.rank import RankSpec, rank_main
@@ -72,22 +72,53 @@ def connect(address: str) -> Iterator[Client]:
         yield client
 
 
-@dataclass
 class GangView(ViewBase):
     """What driver-side callbacks see of a training that runs in the gang: where it stands, as
-    rank 0 reports it (anything else raises a clear error, as in one process)."""
+    rank 0 reports it; read-only (anything else, or a write, raises a clear error, as in one
+    process). The driver updates it through :meth:`_update`."""
 
-    epochs: int
-    steps_per_epoch: int = 0
-    epoch: int = 0
-    global_step: int = 0
-    world_size: int = 1
-    rank: int = 0
-    history: list[EpochStats] = field(default_factory=list)
+    def __init__(
+        self, *, epochs: int, epoch: int, global_step: int, world_size: int,
+        history: list[EpochStats],
+    ) -> None:  # fmt: skip
+        self._epochs, self._epoch, self._global_step = epochs, epoch, global_step
+        self._world_size, self._history, self._steps_per_epoch = world_size, history, 0
+
+    def _update(self, **fields: int) -> None:
+        for name, value in fields.items():
+            setattr(self, f"_{name}", value)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    @property
+    def epochs(self) -> int:
+        return self._epochs
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return self._steps_per_epoch
 
     @property
     def total_steps(self) -> int:
-        return self.steps_per_epoch * self.epochs
+        return self._steps_per_epoch * self._epochs
+
+    @property
+    def history(self) -> Sequence[EpochStats]:
+        return tuple(self._history)
+
+    @property
+    def rank(self) -> int:
+        return 0  # the driver speaks for rank 0
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
 
 
 def _alive(client: Client) -> int:
@@ -246,10 +277,9 @@ class _Relay:
 
     def __call__(self, event: dict[str, Any]) -> None:
         view = self.view
-        view.global_step = event["global_step"]
+        view._update(global_step=event["global_step"])
         if event["type"] == "start":
-            view.steps_per_epoch = event["steps_per_epoch"]
-            view.epoch = event["epoch"]
+            view._update(steps_per_epoch=event["steps_per_epoch"], epoch=event["epoch"])
             self.started = True
             for cb in self.callbacks:
                 cb.on_train_start(view)
@@ -259,10 +289,10 @@ class _Relay:
         elif event["type"] == "epoch":
             stats = EpochStats.from_dict(event["stats"])
             stats.extra["restarts"] = self.restarts
-            view.epoch = stats.epoch
+            view._update(epoch=stats.epoch)
             for cb in self.callbacks:
                 cb.on_epoch_end(view, stats)
-            view.history.append(stats)
+            view._history.append(stats)
 
     def finish(self) -> None:
         if self.started:

@@ -1,9 +1,10 @@
 """The callbacks that write a run's records: metrics, validation, checkpoints.
 
 The factory (:func:`kgpipe.launch.build.build_trainer`) builds them with what they need (the
-model to validate, the trainer's state to commit) and puts them in their one fixed order:
-validation first (it adds ``valid_*`` to the epoch's stats), then the checkpoint (its manifest
-records them), then the metrics and progress that report the epoch.
+model to validate, the trainer's state to commit) and puts them in their one fixed order, after
+the thread governor's ticker (which records the epoch's thread count): validation (it adds
+``valid_*`` to the epoch's stats), then the checkpoint (its manifest records them), then the
+metrics and progress that report the epoch.
 """
 
 from __future__ import annotations

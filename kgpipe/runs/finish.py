@@ -18,7 +18,7 @@ from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, save_model
 from kgpipe.models.model import KGEModel
-from kgpipe.process import retain_freed_memory
+from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder
 
 __all__ = ["evaluation_protocol", "finish_run", "test_results"]
@@ -104,10 +104,20 @@ def finish_run(
     if config.evaluation.test and data.test.numel():
         say(f"evaluating on test ({data.test.shape[0]} triples, both sides)")
         index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
-        if config.training.allocator == "retain":
-            retain_freed_memory()  # (batch x entities) score blocks reuse their pages
-        model.to(resolve_device(config.training.device))  # rank on the GPU if there is one
-        results = test_results(config, model, data.test, index, "test", eval_progress)
+        t = config.training
+        # the run's process settings: (batch x entities) score blocks reuse their pages under
+        # allocator retain, and the threads follow the machine unless pinned
+        configure(threads=t.threads, allocator=t.allocator, deterministic=t.deterministic)
+        governor = ThreadGovernor().start() if t.threads is None else None
+
+        def progress(done: int, total: int) -> None:
+            if governor is not None:
+                governor.tick()
+            if eval_progress is not None:
+                eval_progress(done, total)
+
+        model.to(resolve_device(t.device))  # rank on the GPU if there is one
+        results = test_results(config, model, data.test, index, "test", progress)
         model.cpu()
         results["training"] = {
             "epochs": len(history),

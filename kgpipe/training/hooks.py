@@ -3,8 +3,10 @@
 A callback never gets the trainer itself, only a :class:`TrainerView`: where training stands
 (epoch, step, totals, history). That is all a callback on the driver of a Dask gang can honestly
 be given -- the model lives on the ranks -- and the in-process trainer offers the same view, so
-a callback behaves alike in both. Callbacks that need the model (validation, checkpoints) are
-built with it by the trainer factory (:func:`kgpipe.launch.build.build_trainer`).
+a callback behaves alike in both. A *rank callback* runs next to the model (in one process, or
+on every rank of a gang) and gets a :class:`RankView`, which adds the model. The run's own
+callbacks that need more (validation, checkpoints) are built with it by the trainer factory
+(:func:`kgpipe.launch.build.build_trainer`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any, Protocol, runtime_checkable
 from kgpipe.errors import KgpipeError
 from kgpipe.training.records import EpochStats
 
-__all__ = ["Callback", "LiveView", "NotInViewError", "TrainerView", "ViewBase"]
+__all__ = ["Callback", "LiveView", "NotInViewError", "RankView", "TrainerView", "ViewBase"]
 
 
 @runtime_checkable
@@ -87,52 +89,70 @@ _VIEW_FIELDS = (
 
 
 class NotInViewError(KgpipeError, AttributeError):
-    """A callback asked for something a :class:`TrainerView` does not offer."""
+    """A callback asked for (or tried to set) something its view of training does not offer."""
 
-    def __init__(self, name: str) -> None:
-        super().__init__(
-            f"trainer.{name} is not available to callbacks, which get a read-only view of "
-            f"training ({', '.join(_VIEW_FIELDS)}): on a Dask gang the model and its state live "
-            "on the ranks, not where the callback runs. Code that needs them belongs in a rank "
-            "callback (rank_callbacks=...), which runs next to the model on every rank."
-        )
+    def __init__(self, name: str, write: bool = False) -> None:
+        if write:
+            msg = (
+                f"trainer.{name} cannot be set: callbacks get a read-only view of training "
+                f"({', '.join(_VIEW_FIELDS)})"
+            )
+        else:
+            msg = (
+                f"trainer.{name} is not available to callbacks, which get a read-only view of "
+                f"training ({', '.join(_VIEW_FIELDS)}): on a Dask gang the model lives on the "
+                "ranks, not where the callback runs. Code that needs the model belongs in a "
+                "rank callback (rank_callbacks=...), which runs next to it on every rank and "
+                "whose view also has `model`."
+            )
+        super().__init__(msg)
+        self.name, self.write = name, write  # after AttributeError's own init, which sets name
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses process boundaries (a failing rank)
+        return (NotInViewError, (self.name, self.write))
 
 
 class ViewBase:
-    """Turns any attribute outside the view into :class:`NotInViewError` (in one process and on
-    a gang alike, so a callback that works in one works in the other)."""
+    """Turns any attribute outside the view into :class:`NotInViewError`, and any attempt to
+    set one (in one process and on a gang alike, so a callback that works in one works in the
+    other). Private attributes (``_name``) are the view's own."""
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__"):
+        if name.startswith("_"):
             raise AttributeError(name)
         raise NotInViewError(name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_"):
+            raise NotInViewError(name, write=True)
+        object.__setattr__(self, name, value)
 
 
 class LiveView(ViewBase):
     """The view of a trainer in this process (reads through to it)."""
 
-    def __init__(self, trainer: TrainerView) -> None:
+    def __init__(self, trainer: Any) -> None:
         self._trainer = trainer
 
     @property
     def epoch(self) -> int:
-        return self._trainer.epoch
+        return int(self._trainer.epoch)
 
     @property
     def global_step(self) -> int:
-        return self._trainer.global_step
+        return int(self._trainer.global_step)
 
     @property
     def epochs(self) -> int:
-        return self._trainer.epochs
+        return int(self._trainer.epochs)
 
     @property
     def steps_per_epoch(self) -> int:
-        return self._trainer.steps_per_epoch
+        return int(self._trainer.steps_per_epoch)
 
     @property
     def total_steps(self) -> int:
-        return self._trainer.total_steps
+        return int(self._trainer.total_steps)
 
     @property
     def history(self) -> Sequence[EpochStats]:
@@ -140,8 +160,17 @@ class LiveView(ViewBase):
 
     @property
     def rank(self) -> int:
-        return self._trainer.rank
+        return int(self._trainer.rank)
 
     @property
     def world_size(self) -> int:
-        return self._trainer.world_size
+        return int(self._trainer.world_size)
+
+
+class RankView(LiveView):
+    """What a rank callback sees: the view, and the model it runs next to (read it; changing
+    its tables changes training)."""
+
+    @property
+    def model(self) -> Any:
+        return self._trainer.model

@@ -57,6 +57,10 @@ class Trainer:
     The parts -- step strategy, loss, regulariser, dropout, optimiser, schedule -- are taken
     from their registries by the names in ``training``; ``callbacks`` see a read-only view of
     the trainer (it implements :class:`~kgpipe.training.hooks.TrainerView`).
+
+    Process-wide settings (``training.threads``, ``.allocator``, ``.deterministic``) are not the
+    trainer's to make: the launchers make them (:func:`kgpipe.process.configure`), and so must
+    code that builds a trainer directly and wants them.
     """
 
     def __init__(
@@ -134,7 +138,6 @@ class Trainer:
         self.epoch = 0  # epochs completed
         self.global_step = 0
         self.history: list[EpochStats] = []
-        self.stop_requested = False
         self.view = LiveView(self)  # what callbacks get: read-only, as on a gang's driver
         self.exchange.bind(self)
 
@@ -268,7 +271,7 @@ class Trainer:
             target = self.cfg.epochs if epochs is None else self.epoch + epochs
         for cb in self.callbacks:
             cb.on_train_start(self.view)
-        while self.epoch < target and not self.stop_requested:
+        while self.epoch < target:
             self.train_epoch()
         for cb in self.callbacks:
             cb.on_train_end(self.view)

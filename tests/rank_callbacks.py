@@ -1,7 +1,7 @@
-"""Fault injection for the fault-tolerance tests: rank callbacks that fail a rank on purpose.
+"""Rank callbacks for tests: fault injection (fail a rank on purpose) and a look at the model.
 
 Product code has no test switches; a test passes these as ``rank_callbacks`` (shipped to every
-rank of a gang by pickling, or run in-process), and they act on one rank at one step.
+rank of a gang by pickling, or run in-process next to the trainer).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 import cloudpickle
 
 from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.records import EpochStats
 
 
 class FaultAt(Callback):
@@ -39,5 +40,18 @@ class FaultAt(Callback):
         raise RuntimeError(f"injected fault at epoch {epoch} step {step}")
 
 
-# ship the class itself with the pickled callback: worker processes need not import this module
+class RecordModel(Callback):
+    """Writes ``rank:entity rows x width`` of the model it runs next to, at the first epoch's
+    end, into ``folder/model-<rank>`` (a rank callback's view has the model)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = str(folder)
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        model = trainer.model  # type: ignore[attr-defined]
+        rows, width = model.entity.shape
+        Path(self.folder, f"model-{trainer.rank}").write_text(f"{trainer.rank}:{rows}x{width}")
+
+
+# ship the classes themselves with pickled callbacks: worker processes need not import this module
 cloudpickle.register_pickle_by_value(__import__(__name__))

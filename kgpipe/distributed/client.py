@@ -1,0 +1,80 @@
+"""A client of the configured Dask cluster: one started here (a registered kind, closed on
+exit) or an existing scheduler, and the set-up every worker runs at its start."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from distributed import Client
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from kgpipe.distributed.clusters import CLUSTERS, worker_threads
+from kgpipe.errors import KgpipeError
+from kgpipe.process import configure, thread_environ
+
+__all__ = ["TorchWorkerSetup", "open_cluster"]
+
+
+class TorchWorkerSetup(WorkerPlugin):
+    """Per-worker set-up at worker start: the worker's share of torch threads, its environment."""
+
+    name = "kgpipe-torch-setup"
+
+    def __init__(self, threads: int, env: dict[str, str] | None = None) -> None:
+        self.threads = threads
+        self.env = dict(env or {})
+
+    def setup(self, worker: Any) -> None:
+        os.environ.update(self.env)
+        os.environ.update(thread_environ(self.threads))
+        configure(threads=self.threads, allocator="system")
+
+
+@contextlib.contextmanager
+def open_cluster(
+    cluster: str,
+    *,
+    workers: int,
+    threads_per_worker: int | None = None,
+    worker_ttl_s: float = 60.0,
+    extra_env: dict[str, str] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Iterator[Client]:
+    """A client of ``cluster`` (a registered kind, started here and closed on exit, or a
+    scheduler address) with ``workers`` workers ready. ``worker_ttl_s`` is the heartbeat
+    timeout of a cluster started here; ``extra_env`` is added to its workers' environment."""
+    say = log or (lambda _m: None)
+    threads = worker_threads(workers, threads_per_worker)
+    owned: Any = None
+    if cluster in CLUSTERS:
+        owned = CLUSTERS.get(cluster)().start(
+            workers=workers, threads=threads, env=dict(extra_env or {}), worker_ttl_s=worker_ttl_s
+        )
+        try:
+            client = Client(owned)
+        except BaseException:
+            owned.close()
+            raise
+    else:
+        try:
+            client = Client(cluster, timeout=30)
+        except (OSError, TimeoutError) as err:
+            raise KgpipeError(f"cannot connect to the Dask scheduler {cluster}: {err}") from None
+    try:
+        try:
+            client.wait_for_workers(workers, timeout=120)
+        except TimeoutError:
+            have = len(client.scheduler_info()["workers"])
+            raise KgpipeError(
+                f"the Dask cluster has {have} workers, distributed.workers asks for {workers}"
+            ) from None
+        client.register_plugin(TorchWorkerSetup(threads))
+        say(f"Dask dashboard: {client.dashboard_link}")
+        yield client
+    finally:
+        client.close()
+        if owned is not None:
+            owned.close()
