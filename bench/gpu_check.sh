@@ -3,11 +3,13 @@
 #   bash bench/gpu_check.sh            # from the checkout root, on a machine with a GPU
 # 1. the GPU tests (GPU against CPU training, fp32 and bf16; the dask-cuda rank);
 # 2. a LocalCUDACluster + NCCL gang of one worker training the UMLS demo config;
-# 3. training speed (TransE and ComplEx, bench/speed.py) and full filtered evaluation speed
-#    (bench/eval_speed.py) on the GPU.
-# Results: bench/results/gpu_*.json (and copies under $OUT when that is set). Each step has its
-# own time limit; the script exits non-zero if any step failed. Without a GPU it says so and
-# exits 0. Python: $PYTHON, else .venv/bin/python, else python3.
+# 3. training speed (TransE and ComplEx, bench/speed.py: on the GPU at batch 1024 and 8192, and on
+#    the host's CPU cores as this machine's baseline) and full filtered evaluation speed
+#    (bench/eval_speed.py) on the GPU;
+# 4. torch.profiler over 20 training steps at batch 1024 (bench/gpu_profile.py).
+# Results: bench/results/gpu_*.json and gpu_device.txt ($OUT/gpu_results.tgz too when $OUT is
+# set). Each step has its own time limit; the script exits non-zero if any step failed.
+# Without a GPU it says so and exits 0. Python: $PYTHON, else .venv/bin/python, else python3.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -65,13 +67,21 @@ fi
 for model in transe complex; do
     step "training speed $model" 300 "$PY" bench/speed.py --no-pykeen --device cuda \
         --model "$model" --data "$DATA/fb15k-237" --json "$RESULTS/gpu_speed_${model}_fb15k237.json"
+    # the same steps on the host's CPU cores (the baseline on this machine), and batches 8x larger
+    step "training speed $model, host CPU" 120 "$PY" bench/speed.py --no-pykeen --device cpu \
+        --model "$model" --data "$DATA/fb15k-237" --json "$RESULTS/gpu_host_cpu_speed_${model}_fb15k237.json"
+    step "training speed $model, batch 8192" 120 "$PY" bench/speed.py --no-pykeen --device cuda \
+        --model "$model" --batch-size 8192 --steps 25 --data "$DATA/fb15k-237" \
+        --json "$RESULTS/gpu_speed_${model}_b8192_fb15k237.json"
 done
+step "profile of a batch-1024 step" 120 bash -c '"$0" bench/gpu_profile.py "$1" >"$2"' \
+    "$PY" "$DATA" "$RESULTS/gpu_profile_step.txt"
 step "evaluation speed" 300 "$PY" bench/eval_speed.py --device cuda --data-root "$DATA" \
     --models distmult,complex,transe-l2 --json "$RESULTS/gpu_eval_speed_fb15k237.json"
 
-if [ -n "${OUT:-}" ]; then
-    cp "$TMP/gpu.txt" "$OUT/" 2>/dev/null
-    cp "$RESULTS"/gpu_*.json "$OUT/" 2>/dev/null
+cp "$TMP/gpu.txt" "$RESULTS/gpu_device.txt"
+if [ -n "${OUT:-}" ]; then  # one archive of the results (the device tool brings back few files)
+    tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" $(cd "$RESULTS" && ls gpu_*)
 fi
 if [ ${#failed[@]} -gt 0 ]; then
     echo "gpu_check: failed: ${failed[*]}"
