@@ -26,6 +26,8 @@ from kgpipe.checkpoint import CheckpointStore, TrainState
 from kgpipe.config import parse_config
 from kgpipe.errors import CheckpointError, KgpipeError
 from kgpipe.pipeline import train
+from kgpipe.runs.folder import RunFolder
+from kgpipe.runs.report import markdown_report
 from kgpipe.storage import RetryPolicy, Store, is_transient
 from kgpipe.training.hooks import Callback
 
@@ -188,7 +190,9 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
 
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
     train(_config(str(tmp_path), "a", training={"epochs": 1}))
-    with pytest.raises(KgpipeError, match=r"cannot resume.*model"):
+    with pytest.raises(
+        KgpipeError, match=r"trains something else.*model.dim: 32 in the run, 16 given"
+    ):
         train(_config(str(tmp_path), "a", training={"epochs": 1}, model={"dim": 16}), resume=True)
 
 
@@ -214,8 +218,44 @@ def test_a_finished_run_extends_to_more_epochs_bit_identically(tmp_path: Path) -
 
     cosine = {"epochs": 2, "schedule": "cosine"}
     train(_config(str(tmp_path), "decay", training=cosine))
-    with pytest.raises(KgpipeError, match=r"cannot resume.*training"):
+    with pytest.raises(KgpipeError, match=r"trains something else.*training"):
         train(_config(str(tmp_path), "decay", training={**cosine, "epochs": 4}), resume=True)
+
+
+def test_a_plain_resume_after_a_crash_during_an_extension_finishes_the_extension(
+    tmp_path: Path,
+) -> None:
+    """2 epochs; resumed to 4 and crashed in epoch 4 (epoch 3 committed); then the plain resume
+    with the original config (2 epochs): the run continues to its recorded target of 4, and the
+    folder's config, model, metrics, results and report all say 4 -- as a straight 4-epoch run."""
+    every = {"test": True, "every": 1}
+    train(_config(str(tmp_path), "straight", training={"epochs": 4}, evaluation=every))
+    train(_config(str(tmp_path), "r", training={"epochs": 2}, evaluation=every))
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(tmp_path), "r", training={"epochs": 4}, evaluation=every),
+              resume=True, callbacks=[_Crash(4)])  # fmt: skip
+    assert sorted(_manifests(tmp_path / "r")) == [1, 2, 3]
+    said: list[str] = []
+    result = train(_config(str(tmp_path), "r", training={"epochs": 2}, evaluation=every),
+                   resume=True, log=said.append)  # fmt: skip
+    assert any("recorded target of 4 epochs" in line and "asks for 2" in line for line in said)
+    assert not any("extending" in line for line in said)
+    run = tmp_path / "r"
+    _assert_same_model(tmp_path / "straight", run)
+    assert "epochs: 4" in (run / "config.yaml").read_text()
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]
+    results = json.loads((run / "results.json").read_text())
+    assert results["training"]["epochs"] == results["training"]["model_epoch"] == 4
+    assert results["mrr"] == json.loads((tmp_path / "straight" / "results.json").read_text())["mrr"]
+    assert result.config.training.epochs == 4
+    report = markdown_report(
+        RunFolder.read(result.config, resumed_epoch=3),
+        results,
+        metrics,
+        seconds=1.0,
+    )
+    assert "epochs trained: 4 of 4 (resumed from epoch 3)" in report
 
 
 def test_plateau_schedule_cuts_the_rate_and_resumes_bit_identically(tmp_path: Path) -> None:
@@ -241,7 +281,7 @@ def test_plateau_schedule_cuts_the_rate_and_resumes_bit_identically(tmp_path: Pa
     _assert_same_model(tmp_path / "straight", tmp_path / "grown")
     assert [h.lr for h in result.history] == [0.01, 0.01, 0.005, 0.0025]
 
-    with pytest.raises(KgpipeError, match=r"cannot resume.*evaluation"):
+    with pytest.raises(KgpipeError, match=r"trains something else.*evaluation"):
         train(
             _config(str(tmp_path), "grown", training=plateau, evaluation={"every": 2}),
             resume=True,

@@ -1,14 +1,26 @@
-"""When a run folder may be resumed with a given config, and when it must refuse.
+"""When a run folder may be continued with a given config, what it trains to, and when it must
+refuse.
 
-The rule: a resumed run must train what the run folder's ``config.yaml`` trains. Settings that
-do not change the parameters (where and how the run executes: ``distributed``, ``checkpoint``,
+The rule: a resumed run trains what the run folder's ``config.yaml`` trains. Settings that do
+not change the parameters (where and how the run executes: ``distributed``, ``checkpoint``,
 ``fault_tolerance``, ``evaluation`` and the process settings of ``training``) may change; the
-rest may not (:func:`kgpipe.config.training_differences`). One exception: ``training.epochs``
-may change under a schedule whose rates do not depend on the run's length (constant, plateau),
-so a finished run can train further and end as a run started with the new count would.
+rest may not (:func:`kgpipe.config.training_differences`).
+
+The epoch target of a resumed run is the larger of the run's recorded ``training.epochs`` (its
+``config.yaml``) and the count asked for:
+
+* asking for **more** extends the run (``config.yaml`` records the new target before anything
+  trains), allowed under a schedule whose rates do not depend on the run's length (constant,
+  plateau), so the run ends as one started with the new count would;
+* asking for **fewer** never shortens it: the run continues to its recorded target and says so.
+  A plain resume after a crash during an extension (the original config file, the original
+  count) therefore finishes the extension, and the folder's config, model, results and report
+  always name the same last epoch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import RESUMABLE_CHANGES, RunConfig, training_differences
@@ -17,31 +29,63 @@ from kgpipe.runs.read import open_run
 from kgpipe.storage import Store
 from kgpipe.training.schedules import SCHEDULES
 
-__all__ = ["check_resumable"]
+__all__ = ["Resume", "check_resumable", "with_epochs"]
 
 
-def check_resumable(store: Store, config: RunConfig) -> int | None:
-    """Refuse to resume the run folder in ``store`` with a config that trains something else.
-    Returns the stored epoch count when the only change is an allowed ``training.epochs``."""
+@dataclass(frozen=True)
+class Resume:
+    """How a run folder continues: ``config`` is what it trains with (the given config, its
+    ``training.epochs`` the target); ``extended_from`` is the recorded count when the run grows
+    (``config.yaml`` must then be rewritten); ``note`` is said to the user when the target is not
+    the count they gave."""
+
+    config: RunConfig
+    extended_from: int | None = None
+    note: str | None = None
+
+
+def with_epochs(config: RunConfig, epochs: int) -> RunConfig:
+    """``config`` with ``training.epochs`` set to ``epochs``."""
+    if config.training.epochs == epochs:
+        return config
+    training = config.training.model_copy(update={"epochs": epochs})
+    return config.model_copy(update={"training": training})
+
+
+def check_resumable(store: Store, config: RunConfig) -> Resume:
+    """Refuse to continue the run folder in ``store`` with a config that trains something else;
+    else say what the continued run trains to (see the module's rule)."""
     _, stored = open_run(store.url, config.run.storage_options)
+    recorded, asked = stored.training.epochs, config.training.epochs
+    if asked < recorded:
+        config = with_epochs(config, recorded)
     differences = training_differences(stored, config)
-    old_epochs = stored.training.epochs
     schedule = SCHEDULES.get(stored.training.schedule)
     if [key for key, _, _ in differences] == ["training.epochs"] and schedule.extendable:
-        _check_extension(store, config, old_epochs)
-        return old_epochs
+        _check_extension(store, config, recorded)
+        return Resume(config, extended_from=recorded)
     if differences:
-        listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences)
+        listed = "; ".join(
+            f"{key}: {old!r} in the run, {new!r} given" for key, old, new in differences
+        )
         follows = [n for n in SCHEDULES if SCHEDULES.get(n).follows_validation]
         extendable = [n for n in SCHEDULES if SCHEDULES.get(n).extendable]
         raise RunError(
-            f"{store.url}: cannot resume: the config differs from the run's config.yaml in "
-            f"what is trained ({listed}). Only {', '.join(RESUMABLE_CHANGES)} and "
-            "training.threads/device/precision/allocator may change (evaluation.every and "
-            f".sampled not under training.schedule={'/'.join(follows)}), and training.epochs "
-            f"under a {' or '.join(extendable)} learning-rate schedule"
+            f"{store.url}: this run folder exists and its config.yaml trains something else "
+            f"({listed}); a run continues only with what it was started with. "
+            f"{', '.join(RESUMABLE_CHANGES)} and training.threads/device/precision/allocator "
+            f"may change (evaluation.every and .sampled not under training.schedule="
+            f"{'/'.join(follows)}), and training.epochs may grow under a "
+            f"{' or '.join(extendable)} learning-rate schedule. For a new run choose another "
+            "run.name, or --overwrite to replace this one"
         )
-    return None
+    note = None
+    if asked < recorded:
+        note = (
+            f"{store.url}: continuing to the run's recorded target of {recorded} epochs (its "
+            f"config.yaml); the given config asks for {asked}, and a resume never shortens a run"
+        )
+    return Resume(config, note=note)
 
 
 def _check_extension(store: Store, config: RunConfig, old_epochs: int) -> None:
@@ -59,8 +103,8 @@ def _check_extension(store: Store, config: RunConfig, old_epochs: int) -> None:
     if off_grid:
         steer = f"training.schedule={config.training.schedule}" if follows else "early stopping"
         raise RunError(
-            f"{store.url}: cannot change training.epochs from {old_epochs} to "
-            f"{config.training.epochs}: the run validated at epoch {off_grid[0]}, off the "
+            f"{store.url}: cannot extend the run from {old_epochs} to "
+            f"{config.training.epochs} epochs: it validated at epoch {off_grid[0]}, off the "
             f"evaluation.every={every} grid (its last epoch), and under {steer} that validation "
             "changes how the run goes on; start a new run with the new count"
         )

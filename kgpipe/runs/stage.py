@@ -39,16 +39,16 @@ Log = Callable[[str], None]
 def preflight(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> RunConfig:
     """Check, before anything runs, that ``config`` may start: an existing run folder needs
     ``resume`` (then its config must allow it) or ``overwrite``, and a new run's input must
-    read and parse. Writes nothing; returns the config with its run name set."""
+    read and parse. Writes nothing; returns the config with its run name set (and, resuming,
+    the run's epoch target: :mod:`kgpipe.runs.resume`)."""
     config = config.with_run_name()
     store = run_store(config)
     exists = store.exists(CONFIG)
     if exists and resume:
-        check_resumable(store, config)
-    elif exists and not overwrite:
+        return check_resumable(store, config).config
+    if exists and not overwrite:
         raise run_exists_error(store.url)
-    else:
-        load_dataset(config.data, retry=retry_policy(config))
+    load_dataset(config.data, retry=retry_policy(config))
     return config
 
 
@@ -73,10 +73,15 @@ def prepare_run(
     store = run_store(config)
     exists = store.exists(CONFIG)
     if exists and resume:
-        extended_from = check_resumable(store, config)
-        if extended_from is not None:
-            say(f"extending {store.url} from {extended_from} to {config.training.epochs} epochs")
+        plan = check_resumable(store, config)
+        config = plan.config
+        if plan.extended_from is not None:
+            say(
+                f"extending {store.url} from {plan.extended_from} to {config.training.epochs} epochs"
+            )
             store.write_text(CONFIG, config_to_yaml(config))
+        if plan.note:
+            say(plan.note)
         if is_staged(store):
             run = RunFolder.read(config)
             found = run.checkpoints().latest()
