@@ -181,6 +181,55 @@ def test_bad_data_is_a_clear_error_and_writes_nothing(tmp_path: Path, case: str)
     assert not root.exists()
 
 
+BAD_CONFIGS = {
+    # file bytes -> what the one-line message must say after the file's name
+    "binary": (bytes(range(256)) * 4, "line 2: not a text (UTF-8) file"),
+    "unclosed_list": (b"model:\n  name: [complex\n", "line 3, column 1: not valid YAML"),
+    "tab": (b"model:\n\tname: complex\n", "line 2, column 1: not valid YAML: found character"),
+    "mapping_in_value": (b"model: name: complex\n", "line 1, column 12: not valid YAML"),
+    "nul_byte": (
+        b"model:\n  name: com\x00plex\n",
+        "line 2, column 12: not valid YAML: the character '\\x00' is not allowed",
+    ),
+    "a_list": (b"- model\n- data\n", "the top level must be a mapping"),
+    "a_scalar": (b"complex\n", "the top level must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_a_broken_config_file_is_one_line_naming_the_file(tmp_path: Path, case: str) -> None:
+    data, message = BAD_CONFIGS[case]
+    path = tmp_path / "my config.yaml"
+    path.write_bytes(data)
+    proc = _run_cli("train", "-c", str(path), "--no-prefect", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "<unicode string>" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}"), proc.stderr
+    assert message in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["-c", "/bin/true"], "/bin/true, line 1: not a text (UTF-8) file"),
+        (["-c", "{tmp}"], "is a directory, not a config file"),
+        (["-c", "{tmp}/missing.yaml"], "missing.yaml: config file not found"),
+        (
+            ["-c", "configs/umls-complex.yaml", "--set", "model.dim=[1"],
+            "--set 'model.dim=[1': the value, line 1, column 3: not valid YAML",
+        ),
+    ],
+)
+def test_config_paths_and_set_values_that_cannot_be_read(
+    tmp_path: Path, argv: list[str], message: str
+) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    proc = _run_cli("train", *args, "--no-prefect", cwd=REPO)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
+
+
 @pytest.mark.parametrize(
     "override,message",
     [

@@ -79,9 +79,31 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
         try:
             value = yaml.safe_load(raw) if raw != "" else ""
         except yaml.YAMLError as err:
-            raise ConfigError(f"--set {item!r}: value is not valid YAML ({err})") from None
+            raise ConfigError(f"--set {item!r}: the value{yaml_error(err, raw)}") from None
         _set_path(tree, path.strip(), value)
     return tree
+
+
+def yaml_error(err: yaml.YAMLError, text: str = "") -> str:
+    """A YAML error as one line to follow the name of what was parsed: the line and column
+    (1-based), the problem, and where the construct it broke began -- never PyYAML's
+    ``<unicode string>`` placeholder or its multi-line source excerpt."""
+    if isinstance(err, yaml.reader.ReaderError):  # a character YAML does not allow
+        line = text.count("\n", 0, err.position) + 1
+        column = err.position - (text.rfind("\n", 0, err.position) + 1) + 1
+        char = chr(err.character) if isinstance(err.character, int) else err.character
+        return (
+            f", line {line}, column {column}: not valid YAML: the character {char!r} is not "
+            "allowed (a binary file?)"
+        )
+    if not isinstance(err, yaml.MarkedYAMLError) or err.problem_mark is None:
+        return f": not valid YAML ({' '.join(str(err).split())})"
+    mark = err.problem_mark
+    text = f", line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {err.problem}"
+    if err.context and err.context_mark is not None:
+        c = err.context_mark
+        text += f" ({err.context} that began at line {c.line + 1}, column {c.column + 1})"
+    return text
 
 
 def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
@@ -102,7 +124,7 @@ def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{url}: not valid YAML: {err}") from None
+        raise ConfigError(f"{url}{yaml_error(err, text)}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
