@@ -374,7 +374,9 @@ def test_failed_rank_recovers_bit_identically(tmp_path: Path, fault: str, rank: 
         json.loads(x) for x in (tmp_path / "faulty" / "metrics.jsonl").read_text().splitlines()
     ]
     assert [m["epoch"] for m in metrics] == [1, 2, 3, 4]  # epoch 3 appears once, after the restart
-    assert [m.get("restarts", 0) for m in metrics] == [0, 0, 1, 1]
+    # recorded with every epoch, in the history the checkpoints commit (not only the last segment)
+    assert [m["restarts"] for m in metrics] == [0, 0, 1, 1]
+    assert [h["restarts"] for h in manifests[4]["history"]] == [0, 0, 1, 1]
 
 
 def test_resume_on_a_different_number_of_workers(tmp_path: Path) -> None:

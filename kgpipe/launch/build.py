@@ -3,7 +3,8 @@
 Both launchers use it -- the in-process one and every rank of a Dask gang -- so a trainer is
 assembled the same way wherever it runs. The order of callbacks is fixed here:
 
-1. the thread governor's ticker (records the thread count of the epoch);
+1. the thread governor's ticker (records the thread count of the epoch) and, in a gang, the
+   run's restarts so far (both go into the epoch's stats, so into the checkpoint's history);
 2. validation, when due (adds ``valid_*`` to the epoch's stats) -- where the run's records are
    written (in-process, or rank 0 of a gang);
 3. the checkpoint commit (its manifest records those stats) -- likewise;
@@ -31,7 +32,7 @@ from kgpipe.training.hooks import Callback, RankView, TrainerView
 from kgpipe.training.loop import Trainer
 from kgpipe.training.records import EpochStats
 
-__all__ = ["BuiltTrainer", "GovernorTicker", "build_trainer"]
+__all__ = ["BuiltTrainer", "GovernorTicker", "RecordRestarts", "build_trainer"]
 
 
 class GovernorTicker(Callback):
@@ -47,6 +48,17 @@ class GovernorTicker(Callback):
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         stats.extra["threads"] = self.governor.threads
+
+
+class RecordRestarts(Callback):
+    """Records the gang restarts of the run so far with each epoch it trains (an epoch trained
+    again after a restart carries the new count), in the stats the checkpoint commits."""
+
+    def __init__(self, restarts: int) -> None:
+        self.restarts = restarts
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        stats.extra["restarts"] = self.restarts
 
 
 class _WithModel(Callback):
@@ -101,6 +113,7 @@ def build_trainer(
     rank_callbacks: Sequence[Callback] = (),
     callbacks: Sequence[Callback] = (),
     state: TrainState | None = None,
+    restarts: int | None = None,
 ) -> BuiltTrainer:
     """The trainer of ``run`` to epoch ``until`` on ``train`` (this rank's training triples;
     default ``data.train``, which holds all of them wherever the trainer validates: the
@@ -108,7 +121,8 @@ def build_trainer(
 
     ``records`` says whether this trainer validates and commits (one process, or rank 0);
     ``recorder`` reports each epoch (the metrics file, or rank 0's progress queue); ``training``
-    replaces the config's section (a rank's share of the batch)."""
+    replaces the config's section (a rank's share of the batch); ``restarts`` (a gang's) is
+    recorded with every epoch."""
     config = run.config
     model = KGEModel.build(
         config.model,
@@ -132,6 +146,8 @@ def build_trainer(
     ordered: list[Callback] = []
     if governor is not None:
         ordered.append(GovernorTicker(governor))
+    if restarts is not None:
+        ordered.append(RecordRestarts(restarts))
     saver: CheckpointCallback | None = None
     if records:
         if config.evaluation.every:

@@ -199,7 +199,7 @@ class DaskLauncher:
                 f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
                 + (f", from the checkpoint of epoch {start}" if start else "")
             )
-            relay = _Relay(view, self.callbacks, self._restarts)
+            relay = _Relay(view, self.callbacks)
             try:
                 launch_gang(
                     client, rank_main, make_spec, world_size=world, queue=queue, on_event=relay
@@ -263,16 +263,16 @@ class DaskLauncher:
             start_epoch=start,
             until=until,
             rank_callbacks=self.rank_callbacks,
+            restarts=self._restarts,
         )
 
 
 class _Relay:
     """Turns rank 0's queue events into driver-side callback calls on the gang's view."""
 
-    def __init__(self, view: GangView, callbacks: Sequence[Callback], restarts: int) -> None:
+    def __init__(self, view: GangView, callbacks: Sequence[Callback]) -> None:
         self.view = view
         self.callbacks = callbacks
-        self.restarts = restarts
         self.started = False
 
     def __call__(self, event: dict[str, Any]) -> None:
@@ -287,8 +287,7 @@ class _Relay:
             for cb in self.callbacks:
                 cb.on_batch_end(view, event["epoch"], event["step"], event["steps"], event["loss"])
         elif event["type"] == "epoch":
-            stats = EpochStats.from_dict(event["stats"])
-            stats.extra["restarts"] = self.restarts
+            stats = EpochStats.from_dict(event["stats"])  # restarts recorded by the rank
             view._update(epoch=stats.epoch)
             for cb in self.callbacks:
                 cb.on_epoch_end(view, stats)

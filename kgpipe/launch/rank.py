@@ -50,6 +50,7 @@ class RankSpec:
     start_epoch: int | None = None  # the committed checkpoint to start from (None: seeded init)
     until: int | None = None  # train to this epoch (default: training.epochs)
     rank_callbacks: Sequence[Callback] = field(default_factory=tuple)
+    restarts: int = 0  # the gang restarts of the run so far (recorded with each epoch)
 
     def __repr__(self) -> str:
         # Dask prints task arguments in its logs (e.g. "Compute Failed"): never the config or
@@ -172,6 +173,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             governor=governor,
             rank_callbacks=spec.rank_callbacks,
             state=state,
+            restarts=spec.restarts,
         )
         trainer = built.trainer
         try:
