@@ -125,6 +125,19 @@ class CheckpointStore:
             tensors["rng.torch"] = state.rng
         blob = st_save(tensors, metadata={"format": FORMAT, "epoch": str(state.epoch)})
         name = f"state-{uuid.uuid4().hex[:12]}.safetensors"
+        self._discard_uncommitted(folder)  # what a killed or failed earlier try left there
+        try:
+            return self._commit(state, meta, folder, name, blob)
+        except BaseException:
+            # a failed commit (a full disk, a lost store) leaves no uncommitted files behind to
+            # hold the space that a resume will need
+            self._discard_uncommitted(folder)
+            raise
+
+    def _commit(
+        self, state: TrainState, meta: dict[str, Any], folder: str, name: str, blob: bytes
+    ) -> Checkpoint:
+        manifest_rel = f"{folder}/manifest.json"
         self.store.write_bytes(f"{folder}/{name}", blob)
         manifest = {
             "format": FORMAT,
@@ -140,6 +153,13 @@ class CheckpointStore:
             raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed concurrently")
         self.store.write_json(manifest_rel, manifest)
         return Checkpoint(self.store.url_of(folder), state.epoch, manifest)
+
+    def _discard_uncommitted(self, folder: str) -> None:
+        try:
+            if not self.store.exists(f"{folder}/manifest.json"):
+                self.store.remove(folder)
+        except Exception as err:  # best effort: the commit's own error is the one to report
+            log.warning("%s: could not remove the uncommitted files: %s", folder, err)
 
     # -- reading ---------------------------------------------------------------------------------
     def epochs(self) -> list[int]:

@@ -50,5 +50,10 @@ class StorageAccessDenied(StorageError):
     """The object store refused the credentials or the permission (no retry can help)."""
 
 
+class StorageFull(StorageError):
+    """The run root's device or quota has no room left for a write; the message names the path,
+    the bytes the write needed and the bytes free. Nothing half-written is left behind."""
+
+
 class CheckpointError(KgpipeError):
     """No usable checkpoint, or a checkpoint that does not belong to this run."""

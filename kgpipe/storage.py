@@ -7,21 +7,33 @@ visible only when it completes.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
 from fsspec.core import url_to_fs
 
-from kgpipe.errors import StorageAccessDenied, StorageError
+from kgpipe.errors import StorageAccessDenied, StorageError, StorageFull
 
-__all__ = ["RetryPolicy", "Store", "is_transient", "join_url", "read_url", "retrying"]
+__all__ = [
+    "RetryPolicy",
+    "Store",
+    "is_out_of_space",
+    "is_transient",
+    "join_url",
+    "read_url",
+    "retrying",
+]
 
 log = logging.getLogger("kgpipe.storage")
 T = TypeVar("T")
@@ -38,11 +50,29 @@ _PERMANENT = (
     KeyError,
 )
 _PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "ParamValidationError"}
+# what object stores answer when a bucket's quota or the servers' disks are full
+_OUT_OF_SPACE_CODES = {
+    "QuotaExceeded",
+    "InsufficientStorage",
+    "XMinioStorageFull",
+    "EntityTooLarge",
+}
+
+
+def is_out_of_space(err: BaseException) -> bool:
+    """Whether ``err`` says the device or the bucket's quota is full (no retry can help soon)."""
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    response = getattr(err, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return code in _OUT_OF_SPACE_CODES or any(c in str(err) for c in _OUT_OF_SPACE_CODES)
 
 
 def is_transient(err: BaseException) -> bool:
     """Whether ``err`` looks like a passing object-store/network fault worth retrying."""
     if isinstance(err, _PERMANENT) or type(err).__name__ in _PERMANENT_NAMES:
+        return False
+    if is_out_of_space(err):
         return False
     if isinstance(err, OSError | ConnectionError | TimeoutError):
         return True
@@ -155,23 +185,49 @@ class Store:
         return json.loads(self.read_text(rel))
 
     def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write ``data`` whole or not at all: on a local disk a temporary file renamed into
+        place (removed again if the write fails), on an object store one PUT. A full device or
+        quota raises :class:`StorageFull` naming the path and the bytes."""
         path = self.path(rel)
         parent = path.rsplit("/", 1)[0]
-        if self.local:
-            self.fs.makedirs(parent, exist_ok=True)
-            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            if self.local:
+                self._write_local(path, parent, data)
+            else:
+
+                def put() -> None:
+                    self.fs.makedirs(parent, exist_ok=True)
+                    self.fs.pipe_file(path, data)
+
+                self._do("write", rel, put)
+        except (OSError, StorageError) as err:
+            if is_out_of_space(err):
+                raise StorageFull(self._full_message(rel, parent, len(data))) from None
+            raise
+
+    def _write_local(self, path: str, parent: str, data: bytes) -> None:
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
             with open(tmp, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        else:
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
-            def put() -> None:
-                self.fs.makedirs(parent, exist_ok=True)
-                self.fs.pipe_file(path, data)
-
-            self._do("write", rel, put)
+    def _full_message(self, rel: str, parent: str, size: int) -> str:
+        where = f"{self.url_of(rel)}: no space left"
+        if not self.local:
+            return f"{where} in the bucket or its quota (writing {size:,} bytes)"
+        try:
+            free = f"; {shutil.disk_usage(parent).free:,} bytes free there"
+        except OSError:
+            free = ""
+        return f"{where} on the device (writing {size:,} bytes{free})"
 
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode("utf-8"))
@@ -181,6 +237,19 @@ class Store:
 
     def open(self, rel: str, mode: str = "rb") -> Any:
         return fsspec.open(self.url_of(rel), mode, **self.storage_options).open()
+
+    def remove_partial_writes(self) -> tuple[str, ...]:
+        """Remove the temporary files of local writes that a killed process left behind (a
+        failed write removes its own); object stores have none. Only the run folder's one
+        writer may call this. Returns what was removed."""
+        if not self.local:
+            return ()
+        removed: tuple[str, ...] = ()
+        for path in Path(self.root).rglob("*.tmp-*"):
+            with contextlib.suppress(OSError):
+                path.unlink()
+                removed += (str(path),)
+        return removed
 
     def remove(self, rel: str = "", *, recursive: bool = True) -> None:
         if self.exists(rel):

@@ -491,3 +491,62 @@ def test_wrong_s3_credentials_give_a_clear_error(s3_server: Any, tmp_path: Path)
     assert "access denied" in out.stderr.lower() or "credentials" in out.stderr.lower(), out.stderr
     assert "Traceback" not in out.stderr
     assert "wrong-secret-123" not in out.stderr + out.stdout
+
+
+# -- the run root's disk fills up -------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Any:
+    """An 8 MiB tmpfs (root only: skipped where mounting is not permitted)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_is_one_line_leaves_nothing_partial_and_resumes_once_freed(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    """The run root fills up before epoch 3's commit: the CLI says so in one line (the path, the
+    bytes), exit 2; no temporary or uncommitted file is left to hold the space, the commits of
+    epochs 1 and 2 verify, and once space is freed ``--resume`` ends as an uninterrupted run."""
+    import shutil
+
+    import yaml
+
+    train(_config(str(tmp_path), "straight"))
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(small_disk), "r"), callbacks=[_Crash(3)])
+    run = small_disk / "r"
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - 8192))
+    cfg = tmp_path / "r.yaml"
+    data = json.loads(json.dumps(SMALL))
+    data["run"].update({"root": str(small_disk), "name": "r"})
+    cfg.write_text(yaml.safe_dump(data))
+    proc = subprocess.run(
+        [sys.executable, "-m", "kgpipe.cli", "train", "-c", str(cfg), "--no-prefect", "-q",
+         "--resume"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"{run}/" in lines[0] and "no space left on the device" in lines[0]
+    assert "bytes free there" in lines[0]
+    assert not list(run.rglob("*.tmp-*"))
+    assert not (run / "checkpoints" / "epoch-000003").exists()  # uncommitted: removed
+    checkpoints = CheckpointStore(Store(str(run)))
+    assert [c.epoch for c in checkpoints.committed()] == [1, 2]
+    assert all(checkpoints.verify(c) for c in checkpoints.committed())
+    filler.unlink()
+    train(_config(str(small_disk), "r"), resume=True)
+    _assert_same_model(tmp_path / "straight", run)
+    assert sorted(_manifests(run)) == [1, 2, 3, 4]

@@ -17,7 +17,7 @@ from typing import Any
 
 from distributed import Client, Future, Queue
 
-from kgpipe.errors import ConfigError, KgpipeError
+from kgpipe.errors import ConfigError, KgpipeError, StorageFull
 from kgpipe.training.hooks import NotInViewError
 
 __all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
@@ -25,8 +25,8 @@ __all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
 
 class GangError(KgpipeError):
     """A rank of the gang failed or its worker died; the message names both. ``retryable`` is
-    false when relaunching cannot help (the rank refused the configuration, or a rank callback
-    asked for what its view does not offer)."""
+    false when relaunching cannot help (the rank refused the configuration, a rank callback
+    asked for what its view does not offer, or the run root is full)."""
 
     def __init__(self, message: str, *, rank: int, worker: str, retryable: bool = True) -> None:
         super().__init__(message)
@@ -110,7 +110,7 @@ def launch_gang(
                         f"{type(exc).__name__}: {exc}",
                         rank=rank,
                         worker=workers[rank],
-                        retryable=not isinstance(exc, ConfigError | NotInViewError),
+                        retryable=not isinstance(exc, ConfigError | NotInViewError | StorageFull),
                     )
                 if fut.status == "cancelled":
                     raise GangError(

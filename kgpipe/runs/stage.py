@@ -82,6 +82,8 @@ def prepare_run(
             store.write_text(CONFIG, config_to_yaml(config))
         if plan.note:
             say(plan.note)
+        for path in store.remove_partial_writes():
+            say(f"removed {path}, a partial write of an interrupted run")
         if is_staged(store):
             run = RunFolder.read(config)
             found = run.checkpoints().latest()
