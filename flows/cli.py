@@ -14,7 +14,7 @@ from typing import Any
 
 from kgpipe.config import RunConfig
 from kgpipe.runs.folder import RESULTS, run_store
-from kgpipe.runs.stage import preflight
+from kgpipe.runs.stage import preflight, run_lease
 from kgpipe.training.hooks import Callback
 
 __all__ = ["local_prefect_defaults", "run"]
@@ -43,16 +43,19 @@ def run(
 ) -> tuple[str, dict[str, Any] | None]:
     """Run the ``train-kge`` flow for ``config`` (the temporary local Prefect API unless
     ``PREFECT_API_URL`` is set); returns the run folder's URL and its test results."""
-    # bad input stops here with a plain message, before Prefect logs a task failure and before
-    # an existing run folder would be replaced
-    config = preflight(config, overwrite=overwrite, resume=resume)
-    local_prefect_defaults()
-    if log is not None:
-        log(f"training {config.run.name} through the Prefect flow train-kge")
-    from flows.train import build_train_flow
+    config = config.with_run_name()
+    # one writer per run folder: the lease is taken before Prefect starts, and under it bad
+    # input stops with a plain message, before Prefect logs a task failure and before an
+    # existing run folder would be replaced
+    with run_lease(config, holder=f"kgpipe train (pid {os.getpid()})") as lease:
+        config = preflight(config, overwrite=overwrite, resume=resume)
+        local_prefect_defaults()
+        if log is not None:
+            log(f"training {config.run.name} through the Prefect flow train-kge")
+        from flows.train import build_train_flow
 
-    flow = build_train_flow(callbacks)
-    summary = flow(config, resume=not overwrite, overwrite=overwrite)
+        flow = build_train_flow(callbacks)
+        summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.number)
     store = run_store(config)
     results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None
     return str(summary["run"]), results

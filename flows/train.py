@@ -19,7 +19,10 @@ from prefect.settings import PREFECT_API_URL
 
 from kgpipe.config import RunConfig
 from kgpipe.launch.dask import open_run_cluster
+from kgpipe.runs.folder import RunFolder, run_store
+from kgpipe.runs.lease import check_holder
 from kgpipe.runs.segments import SegmentResult, drive_segments
+from kgpipe.runs.stage import run_lease
 from kgpipe.training.hooks import Callback
 from tasks.kge import (
     evaluate_and_export,
@@ -43,47 +46,25 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         warm_start: str | None = None,
         previous: dict[str, Any] | None = None,
         overwrite: bool = False,
+        lease: int | None = None,
     ) -> dict[str, Any]:
         """Train ``config`` end to end. With ``resume`` (default) a run folder of the same name
         continues from its latest committed checkpoint, so a crashed flow run is simply run
-        again; ``overwrite`` replaces it instead."""
+        again; ``overwrite`` replaces it instead. The flow takes the run folder's lease (one
+        writer per run folder) unless its caller holds it already (``lease``: its record)."""
         t0 = time.perf_counter()
         logger = get_run_logger()
-        run = stage_data(config, resume=resume, warm_start=warm_start, overwrite=overwrite)
-        progress = new_progress(run)
-        dashboard: str | None = None
-        with contextlib.ExitStack() as stack:
-            address: str | None = None
-            if run.config.distributed.uses_dask:
-                api = PREFECT_API_URL.value()
-                client = stack.enter_context(
-                    open_run_cluster(
-                        run.config,
-                        # workers report to this flow's API, not a temporary server of their own
-                        extra_env={"PREFECT_API_URL": api} if api else None,
-                        log=logger.info,
-                    )
-                )
-                address, dashboard = str(client.scheduler.address), str(client.dashboard_link)
-            state = {"restarts": 0}
-
-            def segment(until: int) -> SegmentResult:
-                result = train_segment(
-                    run, until, address, state["restarts"], progress, callbacks=callbacks
-                )
-                state["restarts"] = result.restarts
-                return result
-
-            history, restarts = drive_segments(run, segment, log=logger.info)
-        results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0)
-        report = publish_report(
-            run,
-            results,
-            history,
-            seconds=time.perf_counter() - t0,
-            previous=previous,
-            dashboard=dashboard,
-        )
+        config = config.with_run_name()
+        with contextlib.ExitStack() as held:
+            if lease is None:  # a second flow run of the same run.name is refused here
+                lease = held.enter_context(run_lease(config, holder=_holder())).number
+            else:
+                check_holder(run_store(config), lease)
+            run = stage_data(config, resume=resume, warm_start=warm_start, overwrite=overwrite)
+            run.lease = lease
+            results, history, restarts, report = _train_and_finish(
+                run, t0, previous=previous, callbacks=callbacks
+            )
         summary = {
             "run": run.url,
             "report": report,
@@ -98,6 +79,59 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         return summary
 
     return train_kge
+
+
+def _holder() -> str:
+    """This flow run, as a second writer of its run folder is told."""
+    from prefect.runtime import flow_run
+
+    return f"Prefect flow run {flow_run.name} ({flow_run.id})"
+
+
+def _train_and_finish(
+    run: RunFolder,
+    t0: float,
+    *,
+    previous: dict[str, Any] | None,
+    callbacks: Sequence[Callback],
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int, str]:
+    """Cluster -> [train segment -> commit]* -> test -> export -> report (under the lease)."""
+    logger = get_run_logger()
+    progress = new_progress(run)
+    dashboard: str | None = None
+    with contextlib.ExitStack() as stack:
+        address: str | None = None
+        if run.config.distributed.uses_dask:
+            api = PREFECT_API_URL.value()
+            client = stack.enter_context(
+                open_run_cluster(
+                    run.config,
+                    # workers report to this flow's API, not a temporary server of their own
+                    extra_env={"PREFECT_API_URL": api} if api else None,
+                    log=logger.info,
+                )
+            )
+            address, dashboard = str(client.scheduler.address), str(client.dashboard_link)
+        state = {"restarts": 0}
+
+        def segment(until: int) -> SegmentResult:
+            result = train_segment(
+                run, until, address, state["restarts"], progress, callbacks=callbacks
+            )
+            state["restarts"] = result.restarts
+            return result
+
+        history, restarts = drive_segments(run, segment, log=logger.info)
+    results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0)
+    report = publish_report(
+        run,
+        results,
+        history,
+        seconds=time.perf_counter() - t0,
+        previous=previous,
+        dashboard=dashboard,
+    )
+    return results, history, restarts, report
 
 
 train_kge = build_train_flow()

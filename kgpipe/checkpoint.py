@@ -23,6 +23,7 @@ import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,10 +102,18 @@ def _sha256(data: bytes) -> str:
 class CheckpointStore:
     """Commit, find, verify, load and prune the checkpoints of one run folder."""
 
-    def __init__(self, store: Store, *, keep_last: int = 3, keep_best: bool = True) -> None:
+    def __init__(
+        self,
+        store: Store,
+        *,
+        keep_last: int = 3,
+        keep_best: bool = True,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
         self.store = store
         self.keep_last = keep_last
         self.keep_best = keep_best
+        self.fence = fence  # raises when this writer may no longer commit (its lease was lost)
 
     # -- writing ---------------------------------------------------------------------------------
     def save(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
@@ -149,6 +158,8 @@ class CheckpointStore:
             **meta,
         }
         # the commit: the manifest is written last (and checked once more for a racing writer)
+        if self.fence is not None:
+            self.fence()
         if self.store.exists(manifest_rel):
             raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed concurrently")
         self.store.write_json(manifest_rel, manifest)

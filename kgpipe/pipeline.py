@@ -24,7 +24,7 @@ from kgpipe.launch.in_process import InProcessLauncher
 from kgpipe.runs.finish import finish_run
 from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.segments import drive_segments
-from kgpipe.runs.stage import prepare_run
+from kgpipe.runs.stage import prepare_run, run_lease
 from kgpipe.training.hooks import Callback
 from kgpipe.training.records import EpochStats
 
@@ -78,35 +78,40 @@ def train(
     resume: bool = False,
     log: Log | None = None,
     eval_progress: ProgressFn | None = None,
+    holder: str = "a kgpipe run",
 ) -> RunResult:
     """Train, evaluate and export one run without Prefect; returns where it went and the results.
 
     ``resume`` continues the run folder's latest committed checkpoint (if the folder exists).
     ``callbacks`` see a read-only view of training wherever it runs; ``rank_callbacks`` run next
     to the model (on every rank of a gang, so they must pickle). Bad input (data, config, an
-    existing run folder without ``overwrite``/``resume``) raises a
-    :class:`~kgpipe.errors.KgpipeError` before anything is written.
+    existing run folder without ``overwrite``/``resume``, another writer holding the run
+    folder's lease) raises a :class:`~kgpipe.errors.KgpipeError` before anything is written.
+    ``holder`` names this writer to a second one that is refused.
     """
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
-    run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
-    with contextlib.ExitStack() as stack:
-        client = None
-        if run.config.distributed.uses_dask:
-            client = stack.enter_context(open_run_cluster(run.config, log=say))
-        launcher = make_launcher(
-            run, client=client, callbacks=callbacks, rank_callbacks=rank_callbacks, log=say
+    config = config.with_run_name()
+    with run_lease(config, holder=f"{holder} (kgpipe.pipeline.train)") as lease:
+        run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
+        run.lease = lease.number
+        with contextlib.ExitStack() as stack:
+            client = None
+            if run.config.distributed.uses_dask:
+                client = stack.enter_context(open_run_cluster(run.config, log=say))
+            launcher = make_launcher(
+                run, client=client, callbacks=callbacks, rank_callbacks=rank_callbacks, log=say
+            )
+            stack.callback(launcher.close)
+            history, restarts = drive_segments(run, launcher.train_until, log=say)
+        results = finish_run(
+            run,
+            history=history,
+            restarts=restarts,
+            seconds=time.perf_counter() - t_start,
+            log=say,
+            eval_progress=eval_progress,
         )
-        stack.callback(launcher.close)
-        history, restarts = drive_segments(run, launcher.train_until, log=say)
-    results = finish_run(
-        run,
-        history=history,
-        restarts=restarts,
-        seconds=time.perf_counter() - t_start,
-        log=say,
-        eval_progress=eval_progress,
-    )
     return RunResult(
         run.url,
         run.config,

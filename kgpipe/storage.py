@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -229,6 +229,34 @@ class Store:
             free = ""
         return f"{where} on the device (writing {size:,} bytes{free})"
 
+    def create(self, rel: str, data: bytes) -> None:
+        """Write ``data`` at ``rel`` only if nothing is there: of two processes that race to
+        create the same file, exactly one succeeds and the other gets ``FileExistsError``. Local:
+        a complete temporary file hard-linked into place (``link`` fails if the name exists); an
+        object store: a conditional PUT (``If-None-Match: *``)."""
+        path = self.path(rel)
+        parent = path.rsplit("/", 1)[0]
+        if self.local:
+            self.fs.makedirs(parent, exist_ok=True)
+            tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+            try:
+                self._write_local(tmp, parent, data)
+                os.link(tmp, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            return
+
+        def put() -> None:
+            try:
+                self.fs.pipe_file(path, data, mode="create")
+            except OSError as err:
+                if _precondition_failed(err):  # s3fs says EINVAL; the store said 412
+                    raise FileExistsError(path) from None
+                raise
+
+        self._do("create", rel, put)
+
     def write_text(self, rel: str, text: str) -> None:
         self.write_bytes(rel, text.encode("utf-8"))
 
@@ -251,6 +279,28 @@ class Store:
                 removed += (str(path),)
         return removed
 
+    def missing_folders(self) -> tuple[str, ...]:
+        """This store's local folder and those of its parents that do not exist yet, deepest
+        first (what a first write will create); empty on object stores."""
+        if not self.local:
+            return ()
+        missing: tuple[str, ...] = ()
+        folder = Path(self.root).absolute()
+        while not folder.exists() and folder != folder.parent:
+            missing += (str(folder),)
+            folder = folder.parent
+        return missing
+
+    def remove_empty_folders(self, rels: Sequence[str], *, also: Sequence[str] = ()) -> None:
+        """Remove the local folders ``rels`` (in order), then the paths ``also``, where they
+        are empty; a folder that is not (someone wrote into it meanwhile) stays. Object stores
+        have no empty folders."""
+        if not self.local:
+            return
+        for path in [self.path(rel) for rel in rels] + list(also):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+
     def remove(self, rel: str = "", *, recursive: bool = True) -> None:
         if self.exists(rel):
             self._do("delete", rel, lambda: self.fs.rm(self.path(rel), recursive=recursive))
@@ -267,6 +317,22 @@ def read_url(
     return retrying(
         lambda: bytes(fs.cat_file(path)), what=f"read {url}", policy=retry or RetryPolicy()
     )
+
+
+def _precondition_failed(err: BaseException) -> bool:
+    """Whether ``err`` (or what it wraps) is an object store's 412 to a conditional write."""
+    seen: BaseException | None = err
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code") in (
+            "PreconditionFailed",
+            "412",
+        ):
+            return True
+        if "pre-conditions you specified did not hold" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

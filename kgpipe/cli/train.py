@@ -65,6 +65,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             resume=args.resume,
             log=log,
             eval_progress=None if args.quiet else EvalProgress(console, "test ranking"),
+            holder="kgpipe train",
         )
         url, results = result.url, result.results
     else:

@@ -125,6 +125,14 @@ class FaultToleranceConfig(Frozen):
         gt=0.0,
         description="Heartbeat timeout: a LocalCluster worker silent this long is declared dead.",
     )
+    lease_ttl_s: float = Field(
+        default=60.0,
+        ge=5.0,
+        description=(
+            "One writer per run folder: the writer renews its lease every quarter of this; "
+            "a lease not renewed this long (its writer died) may be taken over."
+        ),
+    )
     storage_retries: int = Field(
         default=6, ge=0, description="Retries of a failed object-store operation."
     )

@@ -256,6 +256,7 @@ class DaskLauncher:
                 "num_train": run.num_train,
                 "fingerprint": run.fingerprint,
                 "resumed_epoch": run.resumed_epoch,
+                "lease": run.lease,
             },
             queue=queue,
             threads=worker_threads(dcfg.workers, dcfg.threads_per_worker),

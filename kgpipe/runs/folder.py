@@ -7,6 +7,7 @@
 * ``vocab/entities.tsv``, ``vocab/relations.tsv`` -- ``id<TAB>label``
 * ``data/shards/``, ``data/valid.npy``, ``data/test.npy`` -- staged training shards, split ids
 * ``checkpoints/epoch-NNNNNN/`` -- committed checkpoints (:mod:`kgpipe.checkpoint`)
+* ``lease/`` -- who is writing the run folder (:mod:`kgpipe.runs.lease`)
 * ``metrics.jsonl`` -- one JSON object per epoch
 * ``model.safetensors`` -- the trained tables (no pickle)
 * ``results.json`` -- final test metrics and the evaluation protocol
@@ -16,6 +17,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass
 from typing import Any
@@ -28,11 +30,13 @@ from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import RunConfig, config_hash
 from kgpipe.data.shards import MANIFEST, read_manifest, read_shards
 from kgpipe.errors import RunError
+from kgpipe.runs.lease import LEASE, check_holder
 from kgpipe.storage import RetryPolicy, Store, join_url
 
 __all__ = [
     "CONFIG",
     "DATA",
+    "LEASE",
     "METRICS",
     "RESULTS",
     "TEST_IDS",
@@ -115,6 +119,7 @@ class RunFolder:
     num_train: int
     fingerprint: str
     resumed_epoch: int  # the committed epoch training continues from (0: a fresh start)
+    lease: int | None = None  # the lease record this run's writer holds (:mod:`.lease`)
 
     @property
     def store(self) -> Store:
@@ -125,8 +130,12 @@ class RunFolder:
         return retry_policy(self.config)
 
     def checkpoints(self) -> CheckpointStore:
+        """The run's checkpoints; commits check first that this writer still holds the run
+        folder's lease (wherever they happen: this process or rank 0 of a gang)."""
         c = self.config.checkpoint
-        return CheckpointStore(self.store, keep_last=c.keep_last, keep_best=c.keep_best)
+        store = self.store
+        fence = None if self.lease is None else functools.partial(check_holder, store, self.lease)
+        return CheckpointStore(store, keep_last=c.keep_last, keep_best=c.keep_best, fence=fence)
 
     def manifest_meta(self, world_size: int) -> dict[str, Any]:
         """What every checkpoint manifest of this run records besides the state."""

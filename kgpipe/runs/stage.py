@@ -17,6 +17,7 @@ from kgpipe.errors import ConfigError
 from kgpipe.runs.folder import (
     CONFIG,
     DATA,
+    LEASE,
     TEST_IDS,
     VALID_IDS,
     VOCAB,
@@ -27,13 +28,20 @@ from kgpipe.runs.folder import (
     run_store,
     save_ids,
 )
+from kgpipe.runs.lease import RunLease
 from kgpipe.runs.resume import check_resumable
 from kgpipe.runs.warmstart import commit_warm_start
 from kgpipe.training.schedules import SCHEDULES
 
-__all__ = ["preflight", "prepare_run"]
+__all__ = ["preflight", "prepare_run", "run_lease"]
 
 Log = Callable[[str], None]
+
+
+def run_lease(config: RunConfig, *, holder: str) -> RunLease:
+    """The lease of ``config``'s run folder (``run.name`` set), to hold with ``with`` around
+    staging, training and finishing; ``holder`` says who is writing, for whoever is refused."""
+    return RunLease(run_store(config), ttl_s=config.fault_tolerance.lease_ttl_s, holder=holder)
 
 
 def preflight(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> RunConfig:
@@ -104,8 +112,10 @@ def prepare_run(
             f"training.schedule={config.training.schedule} needs validation triples, and the "
             f"valid split ({config.data.valid or config.data.dataset}) has none"
         )
-    if exists:
-        store.remove()
+    if exists:  # replace the run folder's contents; the lease (held by this writer) stays
+        for name in store.list():
+            if name != LEASE:
+                store.remove(name)
 
     store.write_text(CONFIG, config_to_yaml(config))
     dataset.vocab.write(store.url_of(VOCAB), config.run.storage_options, retry=store.retry)

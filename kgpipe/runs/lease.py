@@ -1,0 +1,245 @@
+"""One writer per run folder: a lease taken before staging or training, renewed while the run
+goes on, released at its end.
+
+Two ``kgpipe train`` commands with the same ``run.name``, or two flow runs of a deployment with a
+fixed name, would otherwise both stage and train into one folder until their commits collide.
+The lease is a sequence of small JSON records, ``lease/00000001.json``, ``00000002.json``, ...;
+the newest one holds the folder. A writer takes the folder by *creating* the next record, with
+an exclusive create (a hard link locally, a conditional PUT on an object store), so of two
+writers that race for the same number exactly one wins. It may do so when there is no record,
+when the newest is released, or when the newest was not renewed for ``lease_ttl_s`` (its writer
+died); otherwise it is refused with a message that names the holder and the lease's age.
+
+The holder renews its record from a background thread every quarter of the time to live.
+Before a checkpoint is committed (by this process, or by rank 0 of a gang) the writer checks
+that its record is still the newest (:func:`check_holder`): a writer that stalled past its time
+to live and was taken over stops committing instead of writing beside its successor.
+Wall-clock times are compared across hosts, so their clocks must agree to well under the time
+to live (NTP does).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kgpipe.errors import KgpipeError, RunError
+from kgpipe.storage import Store
+
+__all__ = ["LEASE", "LeaseLost", "RunLease", "check_holder", "describe_holder"]
+
+log = logging.getLogger("kgpipe.lease")
+
+LEASE = "lease"
+
+
+class LeaseLost(RunError):
+    """Another writer took the run folder over (this one stalled past its lease)."""
+
+
+def _number(name: str) -> int | None:
+    stem = name.removesuffix(".json")
+    return int(stem) if name.endswith(".json") and stem.isdigit() else None
+
+
+def _records(store: Store) -> list[int]:
+    return sorted(n for n in (_number(x) for x in store.list(LEASE)) if n is not None)
+
+
+def _rel(number: int) -> str:
+    return f"{LEASE}/{number:08d}.json"
+
+
+def _read(store: Store, number: int) -> dict[str, Any]:
+    try:
+        data = json.loads(store.read_text(_rel(number)))
+    except (ValueError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def describe_holder(record: dict[str, Any], now: float | None = None) -> str:
+    """``record``'s writer in words: who, where, and how long ago it renewed."""
+    now = time.time() if now is None else now
+    who = record.get("holder") or "a writer"
+    where = f"{record.get('user', '?')}@{record.get('host', '?')}, pid {record.get('pid', '?')}"
+    age = now - float(record.get("renewed", 0.0))
+    return f"{who} ({where}), lease renewed {age:.0f} s ago"
+
+
+def check_holder(store: Store, number: int) -> None:
+    """Raise :class:`LeaseLost` unless lease record ``number`` is still the newest."""
+    newest = _records(store)
+    if newest and newest[-1] != number:
+        other = _read(store, newest[-1])
+        raise LeaseLost(
+            f"{store.url}: this writer's lease was taken over by {describe_holder(other)}; "
+            "it stops here without committing (its last commit stays)"
+        )
+
+
+@dataclass
+class _Held:
+    number: int
+    record: dict[str, Any]
+
+
+class RunLease:
+    """The lease of the run folder in ``store`` (use with ``with``: acquired on entry, renewed
+    in the background, released on exit)."""
+
+    def __init__(self, store: Store, *, ttl_s: float, holder: str | None = None) -> None:
+        self.store = store
+        self.ttl_s = ttl_s
+        self.holder = holder or "kgpipe"
+        self._held: _Held | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: KgpipeError | None = None
+        # local folders that the lease itself brings into being (removed again if it is all)
+        self._new_folders = store.missing_folders()
+
+    @property
+    def number(self) -> int | None:
+        """The record this writer holds (None before :meth:`acquire`)."""
+        return self._held.number if self._held else None
+
+    def acquire(self) -> None:
+        """Take the run folder, or raise :class:`RunError` naming the writer that holds it."""
+        for _ in range(3):  # a release or an expiry may race with us; look again
+            numbers = _records(self.store)
+            newest = numbers[-1] if numbers else 0
+            if newest:
+                current = _read(self.store, newest)
+                now = time.time()
+                age = now - float(current.get("renewed", 0.0))
+                ttl = float(current.get("ttl_s", self.ttl_s))
+                if not current.get("released") and age < ttl:
+                    raise RunError(
+                        f"{self.store.url}: another writer is using this run folder: "
+                        f"{describe_holder(current, now)}. Two writers of one run folder "
+                        "would overwrite each other; wait for it to finish (or, if it died, "
+                        f"run again after its lease expires in {ttl - age:.0f} s), or choose "
+                        "another run.name"
+                    )
+                if not current.get("released"):
+                    log.warning(
+                        "%s: taking over the lease of %s (expired)",
+                        self.store.url,
+                        describe_holder(current, now),
+                    )
+            record = {
+                "holder": self.holder,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "user": _user(),
+                "token": uuid.uuid4().hex,
+                "acquired": time.time(),
+                "renewed": time.time(),
+                "ttl_s": self.ttl_s,
+                "released": False,
+            }
+            try:
+                self.store.create(_rel(newest + 1), json.dumps(record).encode())
+            except FileExistsError:
+                # lost the race -- or won it with a PUT whose reply was lost and whose retry
+                # then found our own record: the token tells
+                if _read(self.store, newest + 1).get("token") != record["token"]:
+                    continue
+            self._held = _Held(newest + 1, record)
+            self._forget_older(newest + 1)
+            return
+        raise RunError(f"{self.store.url}: could not take the run folder's lease (contended)")
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if another writer took the run folder over."""
+        if self.lost is not None:
+            raise self.lost
+        if self._held is not None:
+            check_holder(self.store, self._held.number)
+
+    def renew(self) -> None:
+        """Write a new renewal time, unless the run folder was taken over (then raise)."""
+        held = self._held
+        if held is None:
+            return
+        self.check()
+        held.record["renewed"] = time.time()
+        self.store.write_bytes(_rel(held.number), json.dumps(held.record).encode())
+
+    def release(self) -> None:
+        """Mark the lease released (a later writer need not wait for it to expire)."""
+        self._stop_renewing()
+        held, self._held = self._held, None
+        if held is None:
+            return
+        try:
+            check_holder(self.store, held.number)
+        except LeaseLost:
+            return  # not ours any more: leave the successor's record alone
+        held.record.update(released=True, renewed=time.time())
+        try:
+            if self.store.list() in ([LEASE], []):
+                # nothing was written under the lease (bad input, a refusal): leave no folder
+                self.store.remove(_rel(held.number), recursive=False)
+                self.store.remove_empty_folders([LEASE, ""], also=self._new_folders)
+            else:
+                self.store.write_bytes(_rel(held.number), json.dumps(held.record).encode())
+        except KgpipeError as err:  # it will expire instead
+            log.warning("%s: could not release the lease: %s", self.store.url, err)
+
+    def start_renewing(self) -> None:
+        """Renew every quarter of the time to live, in a daemon thread, until :meth:`release`."""
+        if self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._renew_loop, name="kgpipe-lease", daemon=True)
+        self._thread.start()
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.ttl_s / 4):
+            try:
+                self.renew()
+            except LeaseLost as err:
+                self.lost = err
+                log.error("%s", err)
+                return
+            except Exception as err:  # a storage hiccup: the next renewal may get through
+                log.warning("%s: lease renewal failed: %s", self.store.url, err)
+
+    def _stop_renewing(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _forget_older(self, number: int) -> None:
+        for old in _records(self.store):
+            if old < number:
+                try:
+                    self.store.remove(_rel(old), recursive=False)
+                except Exception as err:  # housekeeping only
+                    log.debug("lease record %d: %s", old, err)
+
+    def __enter__(self) -> RunLease:
+        self.acquire()
+        self.start_renewing()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return str(os.getuid())

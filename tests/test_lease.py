@@ -1,0 +1,218 @@
+"""One writer per run folder (kgpipe/runs/lease.py): the exclusive create underneath, the lease's
+refusal, release, expiry and takeover, and commits fenced by it -- on a local disk and on S3
+(SeaweedFS)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import S3Server
+
+from kgpipe.checkpoint import CheckpointStore, TrainState
+from kgpipe.errors import RunError
+from kgpipe.runs.lease import LeaseLost, RunLease, check_holder
+from kgpipe.storage import Store
+
+
+def _store(where: str, s3_server: S3Server | None, name: str) -> Store:
+    if where == "s3":
+        assert s3_server is not None
+        return Store(f"s3://kgpipe/leases/{name}", s3_server.storage_options())
+    return Store(f"{where}/{name}")
+
+
+@pytest.fixture(params=["local", "s3"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, S3Server | None]:
+    if request.param == "s3":
+        return "s3", request.getfixturevalue("s3_server")
+    return str(tmp_path), None
+
+
+def _create(args: tuple[str, dict[str, Any], str, Any]) -> bool:
+    url, options, rel, start = args
+    store = Store(url, options)
+    start.wait()
+    try:
+        store.create(rel, b"mine")
+        return True
+    except FileExistsError:
+        return False
+
+
+def test_exactly_one_of_racing_creates_wins(where: tuple[str, S3Server | None]) -> None:
+    """4 processes create the same file at the same moment, 10 times: one winner each time."""
+    root, s3 = where
+    store = _store(root, s3, f"race-{time.time_ns()}")
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager, ctx.Pool(4) as pool:
+        for trial in range(10):
+            start = manager.Event()
+            jobs = pool.map_async(
+                _create, [(store.url, store.storage_options, f"f{trial}", start)] * 4
+            )
+            time.sleep(0.3)
+            start.set()
+            assert sorted(jobs.get(timeout=60)) == [False, False, False, True], trial
+            assert store.read_bytes(f"f{trial}") == b"mine"
+    assert not [n for n in store.list() if ".tmp-" in n]
+
+
+def test_a_second_writer_is_refused_until_the_first_releases(
+    where: tuple[str, S3Server | None],
+) -> None:
+    root, s3 = where
+    store = _store(root, s3, "refused")
+    store.write_text("config.yaml", "a run folder\n")
+    first = RunLease(store, ttl_s=60, holder="the first writer")
+    first.acquire()
+    second = RunLease(store, ttl_s=60, holder="the second writer")
+    with pytest.raises(RunError) as err:
+        second.acquire()
+    text = str(err.value)
+    assert "another writer is using this run folder: the first writer (" in text
+    assert "lease renewed 0 s ago" in text and "expires in 60 s" in text
+    first.release()
+    second.acquire()  # a released lease need not expire
+    assert second.number == 2
+    first.check()  # released, not taken over: no error for the old holder's check
+    second.release()
+
+
+def test_an_expired_lease_is_taken_over_and_the_old_writer_stops_committing(
+    where: tuple[str, S3Server | None],
+) -> None:
+    """The first writer stalls (no renewal) past its time to live: a second takes the folder
+    over; the first one's next commit is refused by the fence and writes no manifest."""
+    root, s3 = where
+    store = _store(root, s3, "expired")
+    store.write_text("config.yaml", "a run folder\n")
+    stalled = RunLease(store, ttl_s=1.0, holder="a stalled writer")
+    stalled.acquire()
+    with pytest.raises(RunError, match="a stalled writer"):
+        RunLease(store, ttl_s=60, holder="too early").acquire()
+    time.sleep(1.2)
+    successor = RunLease(store, ttl_s=60, holder="the successor")
+    successor.acquire()
+    with pytest.raises(LeaseLost, match="taken over by the successor"):
+        stalled.check()
+    with pytest.raises(LeaseLost):
+        stalled.renew()
+    assert stalled.number is not None
+    fenced = CheckpointStore(store, fence=lambda: check_holder(store, stalled.number or 0))
+    state = TrainState(epoch=1, global_step=1, tables={"entity": torch.zeros(2, 2)},
+                       optimizer={}, history=[{"epoch": 1, "loss": 1.0}])  # fmt: skip
+    with pytest.raises(LeaseLost):
+        fenced.save(state, {})
+    # nothing half-committed stays (SeaweedFS keeps a marker of the emptied folder itself)
+    left = store.fs.find(store.path("checkpoints/epoch-000001"))
+    assert not [f for f in left if "state-" in f or "manifest" in f], left
+    stalled.release()  # not the holder any more: the successor's record is left alone
+    check_holder(store, successor.number or 0)
+    successor.release()
+    record = json.loads(store.read_text("lease/00000002.json"))
+    assert record["released"] is True and record["holder"] == "the successor"
+
+
+def test_a_lease_over_nothing_leaves_no_folder(where: tuple[str, S3Server | None]) -> None:
+    """A writer refused for bad input wrote nothing but its lease: releasing it leaves nothing."""
+    root, s3 = where
+    store = _store(root, s3, "nothing")
+    with RunLease(store, ttl_s=60):
+        assert store.list() == ["lease"]
+    assert not [f for f in store.fs.find(store.path("")) if f.endswith(".json")]
+    if s3 is None:
+        assert not Path(root, "nothing").exists()
+
+
+def test_the_holder_renews_in_the_background(tmp_path: Path) -> None:
+    store = Store(str(tmp_path / "renewed"))
+    store.write_text("config.yaml", "a run folder\n")
+    with RunLease(store, ttl_s=0.4, holder="renewing") as lease:
+        time.sleep(1.0)  # past the time to live, renewed every 0.1 s
+        with pytest.raises(RunError, match="renewing"):
+            RunLease(store, ttl_s=60).acquire()
+        assert lease.lost is None
+    RunLease(store, ttl_s=60).acquire()  # released on exit
+
+
+# -- two `kgpipe train` commands with one run.name ------------------------------------------------
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _train_cmd(
+    root: str, name: str, *extra: str, options: dict[str, Any] | None = None
+) -> list[str]:
+    sets = [f"run.root={root}", f"run.name={name}", "data.dataset=umls", "model.name=distmult",
+            "model.dim=8", "training.epochs=3", "training.batch_size=512",
+            "training.negatives=4", "evaluation.test=false", "evaluation.every=0",
+            "fault_tolerance.lease_ttl_s=5", *extra]  # fmt: skip
+    if options:
+        sets.append(f"run.storage_options={json.dumps(options)}")
+    cmd = [sys.executable, "-m", "kgpipe.cli", "train", "-c", str(REPO / "configs/umls-complex.yaml"),
+           "--no-prefect", "-q"]  # fmt: skip
+    return cmd + [x for s in sets for x in ("--set", s)]
+
+
+@pytest.mark.slow
+def test_two_concurrent_writers_one_trains_the_other_is_refused(
+    where: tuple[str, S3Server | None],
+) -> None:
+    """10 trials, each two `kgpipe train` of the same run.name started together: exactly one
+    trains, the other is refused in one line naming the holder; the checkpoints all verify."""
+    root, s3 = where
+    base = "s3://kgpipe/concurrent" if s3 else root
+    options = s3.storage_options() if s3 else None
+    for trial in range(10):
+        name = f"t{trial}"
+        procs = [
+            subprocess.Popen(_train_cmd(base, name, options=options), cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)
+        ]  # fmt: skip
+        outs = [p.communicate(timeout=300) for p in procs]
+        codes = sorted(p.returncode for p in procs)
+        refused = [err for (_, err), p in zip(outs, procs, strict=True) if p.returncode == 2]
+        assert codes == [0, 2], (trial, outs)
+        assert "Traceback" not in refused[0] and len(refused[0].strip().splitlines()) == 1
+        assert (
+            "another writer is using this run folder: kgpipe train" in refused[0]
+            or "a run with this name exists" in refused[0]  # the first had already finished
+        ), refused[0]
+        store = Store(f"{base}/{name}", options)
+        checkpoints = CheckpointStore(store)
+        assert [c.epoch for c in checkpoints.committed()][-1] == 3
+        assert all(checkpoints.verify(c) for c in checkpoints.committed())
+        assert json.loads(store.read_text("lease/00000001.json"))["released"] is True
+
+
+def test_a_killed_writers_lease_expires_and_a_resume_takes_over(tmp_path: Path) -> None:
+    """SIGKILL leaves the lease unreleased: a resume right after is refused, saying when the
+    lease expires; after that it takes the run folder over and finishes the run."""
+    cmd = _train_cmd(str(tmp_path), "k", "training.epochs=200")
+    proc = subprocess.Popen(cmd, cwd=REPO)
+    first = tmp_path / "k" / "checkpoints" / "epoch-000001" / "manifest.json"
+    deadline = time.monotonic() + 120
+    while not first.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    resume = [*cmd, "--resume"]
+    early = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert early.returncode == 2, early.stderr
+    assert "another writer is using this run folder" in early.stderr
+    assert "expires in" in early.stderr and "Traceback" not in early.stderr
+    time.sleep(5)
+    late = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert late.returncode == 0, late.stderr
+    checkpoints = CheckpointStore(Store(str(tmp_path / "k")))
+    assert [c.epoch for c in checkpoints.committed()][-1] == 200
