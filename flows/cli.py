@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flows.server import TiedPrefectServer
 from kgpipe.config import RunConfig
 from kgpipe.runs.folder import RESULTS, run_store
 from kgpipe.runs.stage import preflight, run_lease
@@ -41,8 +42,8 @@ def run(
     callbacks: Sequence[Callback],
     log: Callable[[str], None] | None = None,
 ) -> tuple[str, dict[str, Any] | None]:
-    """Run the ``train-kge`` flow for ``config`` (the temporary local Prefect API unless
-    ``PREFECT_API_URL`` is set); returns the run folder's URL and its test results."""
+    """Run the ``train-kge`` flow for ``config`` (on a temporary local Prefect API server
+    unless ``PREFECT_API_URL`` is set); returns the run folder's URL and its test results."""
     config = config.with_run_name()
     # one writer per run folder: the lease is taken before Prefect starts, and under it bad
     # input stops with a plain message, before Prefect logs a task failure and before an
@@ -50,6 +51,10 @@ def run(
     with run_lease(config, holder=f"kgpipe train (pid {os.getpid()})") as lease:
         config = preflight(config, overwrite=overwrite, resume=resume)
         local_prefect_defaults()
+        if not os.environ.get("PREFECT_API_URL"):
+            # our own temporary server rather than Prefect's: one that a Ctrl-C does not reach
+            # and that does not outlive this command (flows/server.py)
+            os.environ["PREFECT_API_URL"] = TiedPrefectServer().start()
         if log is not None:
             log(f"training {config.run.name} through the Prefect flow train-kge")
         from flows.train import build_train_flow

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 from collections.abc import Sequence
 from types import ModuleType
 
@@ -28,12 +30,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` run
+    (the run folder's lease is released, the Dask cluster and the Prefect server stopped)."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kgpipe`` console script."""
+    """Entry point of the ``kgpipe`` console script. Exit status: 0, 2 for a user's error
+    (one line, no traceback), 130 after Ctrl-C / SIGINT, 143 after SIGTERM."""
     from rich.console import Console
 
     args = build_parser().parse_args(argv)
     console = Console(stderr=True)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         return int(args.func(args, console))
     except KgpipeError as err:
@@ -44,3 +58,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
+    except Terminated:
+        console.print("terminated")
+        return 143
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,14 +25,22 @@ class TorchWorkerSetup(WorkerPlugin):
 
     name = "kgpipe-torch-setup"
 
-    def __init__(self, threads: int, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, threads: int, env: dict[str, str] | None = None, *, owned: bool = False
+    ) -> None:
         self.threads = threads
         self.env = dict(env or {})
+        self.owned = owned
 
     def setup(self, worker: Any) -> None:
         os.environ.update(self.env)
         os.environ.update(thread_environ(self.threads))
         configure(threads=self.threads, allocator="system")
+        if self.owned and threading.current_thread() is threading.main_thread():
+            # a worker of a cluster kgpipe started shares the terminal's process group: a
+            # Ctrl-C is the command's to handle (it closes the cluster), not each worker's to
+            # die of with a traceback
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextlib.contextmanager
@@ -71,7 +81,7 @@ def open_cluster(
             raise KgpipeError(
                 f"the Dask cluster has {have} workers, distributed.workers asks for {workers}"
             ) from None
-        client.register_plugin(TorchWorkerSetup(threads))
+        client.register_plugin(TorchWorkerSetup(threads, owned=owned is not None))
         say(f"Dask dashboard: {client.dashboard_link}")
         yield client
     finally:

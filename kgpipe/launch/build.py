@@ -15,7 +15,7 @@ assembled the same way wherever it runs. The order of callbacks is fixed here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -114,6 +114,7 @@ def build_trainer(
     callbacks: Sequence[Callback] = (),
     state: TrainState | None = None,
     restarts: int | None = None,
+    fence: Callable[[], None] | None = None,
 ) -> BuiltTrainer:
     """The trainer of ``run`` to epoch ``until`` on ``train`` (this rank's training triples;
     default ``data.train``, which holds all of them wherever the trainer validates: the
@@ -122,7 +123,8 @@ def build_trainer(
     ``records`` says whether this trainer validates and commits (one process, or rank 0);
     ``recorder`` reports each epoch (the metrics file, or rank 0's progress queue); ``training``
     replaces the config's section (a rank's share of the batch); ``restarts`` (a gang's) is
-    recorded with every epoch."""
+    recorded with every epoch; ``fence`` raises when commits must stop (a gang's driver is
+    gone)."""
     config = run.config
     model = KGEModel.build(
         config.model,
@@ -156,7 +158,7 @@ def build_trainer(
             ordered.append(Validation(model, data.valid, index, config, tick=tick))
         c = config.checkpoint
         saver = CheckpointCallback(
-            run.checkpoints(),
+            run.checkpoints(fence=fence),
             trainer.state,
             every=c.every,
             until=until,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -19,7 +20,7 @@ from distributed import Client
 
 from kgpipe.config import RunConfig
 from kgpipe.distributed.client import open_cluster
-from kgpipe.distributed.clusters import worker_threads
+from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.errors import RunError
 from kgpipe.launch.rank import RankSpec, rank_main
@@ -265,6 +266,9 @@ class DaskLauncher:
             until=until,
             rank_callbacks=self.rank_callbacks,
             restarts=self._restarts,
+            # workers of a cluster this process started are its children: they can tell when
+            # it is gone
+            driver_pid=os.getpid() if dcfg.cluster in CLUSTERS else None,
         )
 
 

@@ -9,6 +9,8 @@ checkpoints and streams progress to the driver through a Dask queue.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,13 +18,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from distributed import get_worker
 
 from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import parse_config
 from kgpipe.data.shards import read_manifest, read_shards
 from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
-from kgpipe.errors import CheckpointError
+from kgpipe.errors import CheckpointError, RunError
 from kgpipe.launch.build import build_trainer
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import RunFolder
@@ -51,6 +54,7 @@ class RankSpec:
     until: int | None = None  # train to this epoch (default: training.epochs)
     rank_callbacks: Sequence[Callback] = field(default_factory=tuple)
     restarts: int = 0  # the gang restarts of the run so far (recorded with each epoch)
+    driver_pid: int | None = None  # the driver, when it started this worker (a local cluster)
 
     def __repr__(self) -> str:
         # Dask prints task arguments in its logs (e.g. "Compute Failed"): never the config or
@@ -94,6 +98,26 @@ class Reporter(Callback):
         self.queue.put(
             {"type": "epoch", "stats": stats.as_dict(), "global_step": trainer.global_step}
         )
+
+
+class DriverGone(RunError):
+    """The driver of a gang is gone: its ranks stop before the next commit."""
+
+
+def _driver_alive(driver_pid: int | None) -> None:
+    """Raise :class:`DriverGone` when the run's driver is gone: its client released this task
+    (it disconnected), or, on a cluster it started, this worker lost it as its parent. A rank
+    whose driver died commits nothing more; the next run resumes from the last commit."""
+    if driver_pid is not None and os.getppid() != driver_pid:
+        raise DriverGone(f"the driver (pid {driver_pid}) is gone; not committing")
+    try:
+        worker = get_worker()
+    except ValueError:  # not in a Dask worker
+        return
+    key = worker.get_current_task()
+    task = worker.state.tasks.get(key) if key is not None else None
+    if task is None or task.state in ("cancelled", "released", "forgotten"):
+        raise DriverGone("the driver released this rank's task (it disconnected); not committing")
 
 
 def rank_main(spec: RankSpec) -> dict[str, Any]:
@@ -174,6 +198,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             rank_callbacks=spec.rank_callbacks,
             state=state,
             restarts=spec.restarts,
+            fence=functools.partial(_driver_alive, spec.driver_pid),
         )
         trainer = built.trainer
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,13 +130,26 @@ class RunFolder:
     def retry(self) -> RetryPolicy:
         return retry_policy(self.config)
 
-    def checkpoints(self) -> CheckpointStore:
+    def checkpoints(self, *, fence: Callable[[], None] | None = None) -> CheckpointStore:
         """The run's checkpoints; commits check first that this writer still holds the run
-        folder's lease (wherever they happen: this process or rank 0 of a gang)."""
+        folder's lease (wherever they happen: this process or rank 0 of a gang), and pass
+        ``fence`` (which raises when they may not)."""
         c = self.config.checkpoint
         store = self.store
-        fence = None if self.lease is None else functools.partial(check_holder, store, self.lease)
-        return CheckpointStore(store, keep_last=c.keep_last, keep_best=c.keep_best, fence=fence)
+        checks = [f for f in (fence,) if f is not None]
+        if self.lease is not None:
+            checks.append(functools.partial(check_holder, store, self.lease))
+
+        def all_checks() -> None:
+            for check in checks:
+                check()
+
+        return CheckpointStore(
+            store,
+            keep_last=c.keep_last,
+            keep_best=c.keep_best,
+            fence=all_checks if checks else None,
+        )
 
     def manifest_meta(self, world_size: int) -> dict[str, Any]:
         """What every checkpoint manifest of this run records besides the state."""
