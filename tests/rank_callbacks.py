@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import cloudpickle
@@ -18,11 +19,12 @@ from kgpipe.training.records import EpochStats
 
 class FaultAt(Callback):
     """At step ``step`` of epoch ``epoch`` on rank ``rank``: SIGKILL this (worker) process
-    (``kind="kill"``) or raise (``"raise"``) -- once: a marker file records that it fired, so
+    (``kind="kill"``), freeze it with SIGSTOP (``"stop"``: it stops heartbeating) or raise
+    (``"raise"``) -- once: a marker file records that it fired (and when, as its last line), so
     the relaunched gang runs clean."""
 
     def __init__(self, kind: str, *, rank: int, epoch: int, step: int, marker: Path) -> None:
-        if kind not in ("kill", "raise"):
+        if kind not in ("kill", "stop", "raise"):
             raise ValueError(kind)
         self.kind = kind
         self.rank = rank
@@ -34,7 +36,11 @@ class FaultAt(Callback):
     ) -> None:
         if trainer.rank != self.rank or (epoch, step) != self.at or os.path.exists(self.marker):
             return
-        Path(self.marker).write_text(f"{self.kind} at {epoch}:{step} on rank {self.rank}\n")
+        Path(self.marker).write_text(
+            f"{self.kind} at {epoch}:{step} on rank {self.rank}\n{time.time()}\n"
+        )
+        if self.kind == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected fault at epoch {epoch} step {step}")
