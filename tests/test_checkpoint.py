@@ -355,9 +355,17 @@ def test_killed_training_process_resumes_from_the_last_commit(
 
 # -- a Dask worker killed with SIGKILL mid-epoch: the gang is relaunched from the last commit -----
 @pytest.mark.parametrize("fault,rank", [("kill", 0), ("kill", 1), ("raise", 1)])
-def test_failed_rank_recovers_bit_identically(tmp_path: Path, fault: str, rank: int) -> None:
+def test_failed_rank_recovers_bit_identically(
+    tmp_path: Path,
+    fault: str,
+    rank: int,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A Dask worker killed with SIGKILL mid-epoch (rank 0's, then another's), or a rank that
-    raises: the gang is relaunched from the last commit and ends as an uninterrupted run."""
+    raises: the gang is relaunched from the last commit and ends as an uninterrupted run. A dead
+    worker is reported in one line (rank, worker, where the gang restarts), without Dask's
+    "Compute Failed" block or the surviving rank's gloo error."""
     over = {"distributed": {"workers": 2, "sync": "step", "timeout_s": 30},
             "fault_tolerance": {"restart_backoff_s": 0.1}}  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
@@ -377,6 +385,16 @@ def test_failed_rank_recovers_bit_identically(tmp_path: Path, fault: str, rank: 
     # recorded with every epoch, in the history the checkpoints commit (not only the last segment)
     assert [m["restarts"] for m in metrics] == [0, 0, 1, 1]
     assert [h["restarts"] for h in manifests[4]["history"]] == [0, 0, 1, 1]
+    warned = [r.getMessage() for r in caplog.records if r.name == "kgpipe.distributed"]
+    assert len(warned) == 1, warned
+    printed = capfd.readouterr().err
+    assert "Compute Failed" not in printed and "Traceback" not in printed, printed[-3000:]
+    if fault == "kill":
+        assert warned[0].startswith(f"rank {rank}'s worker tcp://127.0.0.1:")
+        assert warned[0].endswith(
+            "died (process killed or lost); relaunching the gang from the checkpoint of epoch 2 "
+            "in 0.1 s (restart 1/3)"
+        ), warned[0]
 
 
 def test_resume_on_a_different_number_of_workers(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ exit) or an existing scheduler, and the set-up every worker runs at its start.""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -18,6 +19,13 @@ from kgpipe.errors import KgpipeError
 from kgpipe.process import configure, thread_environ
 
 __all__ = ["TorchWorkerSetup", "open_cluster"]
+
+
+class _NotARankFailure(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            str(record.msg).startswith("Compute Failed") and "kgpipe-rank-" in record.getMessage()
+        )
 
 
 class TorchWorkerSetup(WorkerPlugin):
@@ -36,6 +44,9 @@ class TorchWorkerSetup(WorkerPlugin):
         os.environ.update(self.env)
         os.environ.update(thread_environ(self.threads))
         configure(threads=self.threads, allocator="system")
+        # a rank's failure reaches the driver, which reports it in one line (and relaunches the
+        # gang); Dask's own "Compute Failed" block with the task's traceback would repeat it
+        logging.getLogger("distributed.worker").addFilter(_NotARankFailure())
         if self.owned and threading.current_thread() is threading.main_thread():
             # a worker of a cluster kgpipe started shares the terminal's process group: a
             # Ctrl-C is the command's to handle (it closes the cluster), not each worker's to

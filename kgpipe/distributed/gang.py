@@ -9,6 +9,7 @@ collective are released by the collective timeout or by their peer's closed conn
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 import uuid
@@ -19,6 +20,8 @@ from distributed import Client, Future, Queue
 
 from kgpipe.errors import ConfigError, KgpipeError, StorageFull
 from kgpipe.training.hooks import NotInViewError
+
+log = logging.getLogger("kgpipe.distributed")
 
 __all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
 
@@ -33,6 +36,27 @@ class GangError(KgpipeError):
         self.rank = rank
         self.worker = worker
         self.retryable = retryable
+
+
+def _on_worker(client: Client, fn: Callable[[], Any], addr: str, timeout_s: float = 60) -> Any:
+    """``fn()`` on the worker ``addr``; a :class:`GangError` (the gang is relaunched) when that
+    worker leaves the cluster meanwhile -- after a worker died, the scheduler may still list
+    it when the gang is relaunched, and a task pinned to it would wait forever."""
+    future = client.submit(fn, workers=[addr], allow_other_workers=False, pure=False)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return future.result(timeout=1)
+        except TimeoutError:
+            pass
+        gone = addr not in client.scheduler_info(n_workers=-1)["workers"]
+        if gone or time.monotonic() > deadline:
+            future.cancel()
+            raise GangError(
+                f"rank 0's worker {addr} " + ("left the cluster" if gone else "did not answer"),
+                rank=0,
+                worker=addr,
+            )
 
 
 def free_port() -> int:
@@ -72,7 +96,7 @@ def launch_gang(
     """
     workers = pick_workers(client, world_size)
     master = _host(workers[0])
-    port = client.submit(free_port, workers=[workers[0]], pure=False).result(timeout=60)
+    port = _on_worker(client, free_port, workers[0])
     tag = uuid.uuid4().hex[:8]
     futures: list[Future] = []
     for rank, addr in enumerate(workers):
@@ -98,10 +122,9 @@ def launch_gang(
                     exc = fut.exception()
                     dead = _dead_rank(client, workers, poll_s)
                     if dead is not None and dead != rank:  # the root cause, not its echo
+                        log.debug("rank %d failed after rank %d's worker died: %r", rank, dead, exc)
                         raise GangError(
-                            f"rank {dead}: its worker {workers[dead]} died (process killed or "
-                            f"lost); rank {rank} then failed: {type(exc).__name__}: "
-                            f"{str(exc)[:200]}",
+                            f"rank {dead}'s worker {workers[dead]} died (process killed or lost)",
                             rank=dead,
                             worker=workers[dead],
                         )

@@ -218,8 +218,9 @@ class DaskLauncher:
                     ) from None
                 delay = ft.restart_backoff_s * 2 ** (self._restarts - first - 1)
                 log_warning(
-                    f"{err}; restart {self._restarts}/{ft.max_restarts} from the last committed "
-                    f"checkpoint in {delay:.1f} s"
+                    f"{err}; relaunching the gang from "
+                    + (f"the checkpoint of epoch {start}" if start else "the start")
+                    + f" in {delay:.1f} s (restart {self._restarts}/{ft.max_restarts})"
                 )
                 self.say(f"restart {self._restarts}/{ft.max_restarts} after: {err}")
                 time.sleep(delay)
