@@ -194,25 +194,36 @@ def test_two_concurrent_writers_one_trains_the_other_is_refused(
         assert json.loads(store.read_text("lease/00000001.json"))["released"] is True
 
 
-def test_a_killed_writers_lease_expires_and_a_resume_takes_over(tmp_path: Path) -> None:
-    """SIGKILL leaves the lease unreleased: a resume right after is refused, saying when the
-    lease expires; after that it takes the run folder over and finishes the run."""
-    cmd = _train_cmd(str(tmp_path), "k", "training.epochs=200")
-    proc = subprocess.Popen(cmd, cwd=REPO)
-    first = tmp_path / "k" / "checkpoints" / "epoch-000001" / "manifest.json"
-    deadline = time.monotonic() + 120
-    while not first.exists():
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    resume = [*cmd, "--resume"]
-    early = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert early.returncode == 2, early.stderr
-    assert "another writer is using this run folder" in early.stderr
-    assert "expires in" in early.stderr and "Traceback" not in early.stderr
-    time.sleep(5)
-    late = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert late.returncode == 0, late.stderr
-    checkpoints = CheckpointStore(Store(str(tmp_path / "k")))
-    assert [c.epoch for c in checkpoints.committed()][-1] == 200
+def test_a_killed_writers_lease_is_taken_over_at_once_here_and_after_expiry_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL leaves the lease unreleased. A resume on the same host sees that the holder's
+    process is gone and takes over at once (the README's plain `--resume` after a crash). Had
+    the writer run on another host, only the lease's age tells: refused, saying when the lease
+    expires, and taken over after that."""
+    for case in ("this host", "another host"):
+        root = tmp_path / case.replace(" ", "-")
+        cmd = _train_cmd(str(root), "k", "training.epochs=200")
+        proc = subprocess.Popen(cmd, cwd=REPO)
+        first = root / "k" / "checkpoints" / "epoch-000001" / "manifest.json"
+        deadline = time.monotonic() + 120
+        while not first.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        resume = [*cmd, "--resume"]
+        if case == "another host":
+            record = root / "k" / "lease" / "00000001.json"
+            data = json.loads(record.read_text())
+            record.write_text(json.dumps({**data, "host": "elsewhere", "renewed": time.time()}))
+            early = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
+            assert early.returncode == 2, early.stderr
+            assert "another writer is using this run folder" in early.stderr
+            assert "elsewhere" in early.stderr and "expires in" in early.stderr
+            assert "Traceback" not in early.stderr
+            time.sleep(5)
+        done = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (case, done.stderr)
+        checkpoints = CheckpointStore(Store(str(root / "k")))
+        assert [c.epoch for c in checkpoints.committed()][-1] == 200

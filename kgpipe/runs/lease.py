@@ -8,7 +8,8 @@ the newest one holds the folder. A writer takes the folder by *creating* the nex
 an exclusive create (a hard link locally, a conditional PUT on an object store), so of two
 writers that race for the same number exactly one wins. It may do so when there is no record,
 when the newest is released, or when the newest was not renewed for ``lease_ttl_s`` (its writer
-died); otherwise it is refused with a message that names the holder and the lease's age.
+died) -- or at once when its writer ran on this host and its process is gone; otherwise it is
+refused with a message that names the holder and the lease's age.
 
 The holder renews its record from a background thread every quarter of the time to live.
 Before a checkpoint is committed (by this process, or by rank 0 of a gang) the writer checks
@@ -29,6 +30,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from kgpipe.errors import KgpipeError, RunError
@@ -122,7 +124,14 @@ class RunLease:
                 now = time.time()
                 age = now - float(current.get("renewed", 0.0))
                 ttl = float(current.get("ttl_s", self.ttl_s))
-                if not current.get("released") and age < ttl:
+                gone = not current.get("released") and _holder_gone(current)
+                if gone:
+                    log.warning(
+                        "%s: taking over the lease of %s: that process no longer runs",
+                        self.store.url,
+                        describe_holder(current, now),
+                    )
+                elif not current.get("released") and age < ttl:
                     raise RunError(
                         f"{self.store.url}: another writer is using this run folder: "
                         f"{describe_holder(current, now)}. Two writers of one run folder "
@@ -130,7 +139,7 @@ class RunLease:
                         f"run again after its lease expires in {ttl - age:.0f} s), or choose "
                         "another run.name"
                     )
-                if not current.get("released"):
+                elif not current.get("released"):
                     log.warning(
                         "%s: taking over the lease of %s (expired)",
                         self.store.url,
@@ -140,6 +149,7 @@ class RunLease:
                 "holder": self.holder,
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
+                "pid_started": _started(os.getpid()),
                 "user": _user(),
                 "token": uuid.uuid4().hex,
                 "acquired": time.time(),
@@ -236,6 +246,35 @@ class RunLease:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _started(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, Linux), to tell it from a later
+    process that reuses its id; None where unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _holder_gone(record: dict[str, Any]) -> bool:
+    """Whether the writer of ``record`` is known to be dead: it ran on this host and its process
+    no longer runs (a killed command need not wait for its lease to expire). A writer on
+    another host is judged by its lease's age alone."""
+    if record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
+        return False
+    pid = int(record["pid"])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # runs, as another user
+    started = record.get("pid_started")
+    return started is not None and _started(pid) not in (None, started)
 
 
 def _user() -> str:
