@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from flows.server import TiedPrefectServer
@@ -18,7 +20,7 @@ from kgpipe.runs.folder import RESULTS, run_store
 from kgpipe.runs.stage import preflight, run_lease
 from kgpipe.training.hooks import Callback
 
-__all__ = ["local_prefect_defaults", "run"]
+__all__ = ["configured_api_url", "local_prefect_defaults", "run"]
 
 
 def local_prefect_defaults() -> None:
@@ -32,6 +34,30 @@ def local_prefect_defaults() -> None:
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def configured_api_url() -> str | None:
+    """The Prefect API the user configured, read without importing Prefect (whose settings are
+    fixed at import): ``PREFECT_API_URL`` in the environment, in the active profile
+    (``$PREFECT_HOME/profiles.toml``), or in ``prefect.toml`` here. None: no server configured,
+    so ``kgpipe train`` starts its own temporary one."""
+    if os.environ.get("PREFECT_API_URL"):
+        return os.environ["PREFECT_API_URL"]
+    home = Path(os.environ.get("PREFECT_HOME", Path.home() / ".prefect")).expanduser()
+    profiles = Path(os.environ.get("PREFECT_PROFILES_PATH", home / "profiles.toml")).expanduser()
+    try:
+        data = tomllib.loads(profiles.read_text())
+        active = os.environ.get("PREFECT_PROFILE") or data.get("active", "ephemeral")
+        url = data.get("profiles", {}).get(active, {}).get("PREFECT_API_URL")
+        if url:
+            return str(url)
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        pass
+    try:
+        url = tomllib.loads(Path("prefect.toml").read_text()).get("api", {}).get("url")
+        return str(url) if url else None
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return None
 
 
 def run(
@@ -51,7 +77,7 @@ def run(
     with run_lease(config, holder=f"kgpipe train (pid {os.getpid()})") as lease:
         config = preflight(config, overwrite=overwrite, resume=resume)
         local_prefect_defaults()
-        if not os.environ.get("PREFECT_API_URL"):
+        if not configured_api_url():
             # our own temporary server rather than Prefect's: one that a Ctrl-C does not reach
             # and that does not outlive this command (flows/server.py)
             os.environ["PREFECT_API_URL"] = TiedPrefectServer().start()
@@ -60,7 +86,7 @@ def run(
         from flows.train import build_train_flow
 
         flow = build_train_flow(callbacks)
-        summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.number)
+        summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.handle)
     store = run_store(config)
     results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None
     return str(summary["run"]), results

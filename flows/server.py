@@ -27,6 +27,8 @@ import threading
 import time
 import urllib.request
 
+from kgpipe.errors import RunError
+
 __all__ = ["TiedPrefectServer"]
 
 GRACE_S = 5.0
@@ -97,8 +99,9 @@ class TiedPrefectServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"the temporary Prefect server exited with status {self.proc.returncode}"
+                raise RunError(
+                    f"the temporary Prefect server exited with status {self.proc.returncode}; "
+                    "set PREFECT_API_URL to a running server, or train with --orchestrator none"
                 )
             try:
                 with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as reply:
@@ -108,8 +111,10 @@ class TiedPrefectServer:
                 pass
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(
-                    f"the temporary Prefect server did not answer within {self.startup_timeout_s:.0f} s"
+                raise RunError(
+                    "the temporary Prefect server did not answer within "
+                    f"{self.startup_timeout_s:.0f} s; set PREFECT_API_URL to a running server, or "
+                    "train with --orchestrator none"
                 )
             time.sleep(0.1)
 

@@ -46,22 +46,24 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         warm_start: str | None = None,
         previous: dict[str, Any] | None = None,
         overwrite: bool = False,
-        lease: int | None = None,
+        lease: str | None = None,
     ) -> dict[str, Any]:
         """Train ``config`` end to end. With ``resume`` (default) a run folder of the same name
         continues from its latest committed checkpoint, so a crashed flow run is simply run
         again; ``overwrite`` replaces it instead. The flow takes the run folder's lease (one
-        writer per run folder) unless its caller holds it already (``lease``: its record)."""
+        writer per run folder) unless its caller holds it already (``lease``: its ``NUMBER/TOKEN``)."""
         t0 = time.perf_counter()
         logger = get_run_logger()
         config = config.with_run_name()
         with contextlib.ExitStack() as held:
             if lease is None:  # a second flow run of the same run.name is refused here
-                lease = held.enter_context(run_lease(config, holder=_holder())).number
-            else:
-                check_holder(run_store(config), lease)
+                number = held.enter_context(run_lease(config, holder=_holder())).number
+            else:  # the caller holds it ("NUMBER/TOKEN")
+                text, _, token = lease.partition("/")
+                number = int(text)
+                check_holder(run_store(config), number, token)
             run = stage_data(config, resume=resume, warm_start=warm_start, overwrite=overwrite)
-            run.lease = lease
+            run.lease = number
             results, history, restarts, report = _train_and_finish(
                 run, t0, previous=previous, callbacks=callbacks
             )

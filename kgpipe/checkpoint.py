@@ -134,13 +134,15 @@ class CheckpointStore:
             tensors["rng.torch"] = state.rng
         blob = st_save(tensors, metadata={"format": FORMAT, "epoch": str(state.epoch)})
         name = f"state-{uuid.uuid4().hex[:12]}.safetensors"
+        if self.fence is not None:  # a writer that may not commit touches nothing
+            self.fence()
         self._discard_uncommitted(folder)  # what a killed or failed earlier try left there
         try:
             return self._commit(state, meta, folder, name, blob)
         except BaseException:
-            # a failed commit (a full disk, a lost store) leaves no uncommitted files behind to
-            # hold the space that a resume will need
-            self._discard_uncommitted(folder)
+            # a failed commit (a full disk, a lost store) leaves no file of its own behind to
+            # hold the space that a resume will need -- and touches no one else's
+            self._discard_own(folder, name)
             raise
 
     def _commit(
@@ -164,6 +166,14 @@ class CheckpointStore:
             raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed concurrently")
         self.store.write_json(manifest_rel, manifest)
         return Checkpoint(self.store.url_of(folder), state.epoch, manifest)
+
+    def _discard_own(self, folder: str, name: str) -> None:
+        try:
+            if not self.store.exists(f"{folder}/manifest.json"):
+                self.store.remove(f"{folder}/{name}", recursive=False)
+                self.store.remove_empty_folders([folder])
+        except Exception as err:  # best effort: the commit's own error is the one to report
+            log.warning("%s: could not remove the uncommitted file %s: %s", folder, name, err)
 
     def _discard_uncommitted(self, folder: str) -> None:
         try:

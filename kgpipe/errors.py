@@ -42,6 +42,11 @@ class RunError(KgpipeError):
     """A run folder is missing, incomplete, or would be overwritten."""
 
 
+class Fenced(RunError):
+    """This writer may no longer commit to the run folder (its lease was taken over, or its
+    driver is gone); relaunching it cannot help."""
+
+
 class StorageError(KgpipeError):
     """An object store refused an operation (credentials) or stayed unreachable after retries."""
 

@@ -237,11 +237,22 @@ class Store:
         path = self.path(rel)
         parent = path.rsplit("/", 1)[0]
         if self.local:
-            self.fs.makedirs(parent, exist_ok=True)
             tmp = f"{path}.tmp-{uuid.uuid4().hex}"
             try:
                 self._write_local(tmp, parent, data)
-                os.link(tmp, path)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise
+                except OSError as err:  # a file system without hard links: O_EXCL instead
+                    if err.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                        raise
+                    with open(path, "xb") as f:
+                        f.write(data)
+            except OSError as err:
+                if is_out_of_space(err):
+                    raise StorageFull(self._full_message(rel, parent, len(data))) from None
+                raise
             finally:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
@@ -274,6 +285,8 @@ class Store:
             return ()
         removed: tuple[str, ...] = ()
         for path in Path(self.root).rglob("*.tmp-*"):
+            if path.parent.name == "lease":  # a contender's create may be under way there
+                continue
             with contextlib.suppress(OSError):
                 path.unlink()
                 removed += (str(path),)

@@ -99,7 +99,8 @@ def yaml_error(err: yaml.YAMLError, text: str = "") -> str:
     if not isinstance(err, yaml.MarkedYAMLError) or err.problem_mark is None:
         return f": not valid YAML ({' '.join(str(err).split())})"
     mark = err.problem_mark
-    text = f", line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {err.problem}"
+    problem = err.problem or "cannot be parsed"
+    text = f", line {mark.line + 1}, column {mark.column + 1}: not valid YAML: {problem}"
     if err.context and err.context_mark is not None:
         c = err.context_mark
         text += f" ({err.context} that began at line {c.line + 1}, column {c.column + 1})"

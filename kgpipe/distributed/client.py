@@ -46,7 +46,9 @@ class TorchWorkerSetup(WorkerPlugin):
         configure(threads=self.threads, allocator="system")
         # a rank's failure reaches the driver, which reports it in one line (and relaunches the
         # gang); Dask's own "Compute Failed" block with the task's traceback would repeat it
-        logging.getLogger("distributed.worker").addFilter(_NotARankFailure())
+        worker_log = logging.getLogger("distributed.worker")
+        if not any(isinstance(f, _NotARankFailure) for f in worker_log.filters):
+            worker_log.addFilter(_NotARankFailure())
         if self.owned and threading.current_thread() is threading.main_thread():
             # a worker of a cluster kgpipe started shares the terminal's process group: a
             # Ctrl-C is the command's to handle (it closes the cluster), not each worker's to

@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed import Client, Future, Queue
 
-from kgpipe.errors import ConfigError, KgpipeError, StorageFull
+from kgpipe.errors import ConfigError, Fenced, KgpipeError, StorageFull
 from kgpipe.training.hooks import NotInViewError
 
 log = logging.getLogger("kgpipe.distributed")
@@ -29,7 +29,8 @@ __all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
 class GangError(KgpipeError):
     """A rank of the gang failed or its worker died; the message names both. ``retryable`` is
     false when relaunching cannot help (the rank refused the configuration, a rank callback
-    asked for what its view does not offer, or the run root is full)."""
+    asked for what its view does not offer, the run root is full, or the rank may no longer
+    commit: its run folder's lease was taken over)."""
 
     def __init__(self, message: str, *, rank: int, worker: str, retryable: bool = True) -> None:
         super().__init__(message)
@@ -133,7 +134,9 @@ def launch_gang(
                         f"{type(exc).__name__}: {exc}",
                         rank=rank,
                         worker=workers[rank],
-                        retryable=not isinstance(exc, ConfigError | NotInViewError | StorageFull),
+                        retryable=not isinstance(
+                            exc, ConfigError | NotInViewError | StorageFull | Fenced
+                        ),
                     )
                 if fut.status == "cancelled":
                     raise GangError(

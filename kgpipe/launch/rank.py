@@ -9,10 +9,9 @@ checkpoints and streams progress to the driver through a Dask queue.
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +24,7 @@ from kgpipe.config import parse_config
 from kgpipe.data.shards import read_manifest, read_shards
 from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
-from kgpipe.errors import CheckpointError, RunError
+from kgpipe.errors import CheckpointError, Fenced
 from kgpipe.launch.build import build_trainer
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import RunFolder
@@ -100,24 +99,44 @@ class Reporter(Callback):
         )
 
 
-class DriverGone(RunError):
+class DriverGone(Fenced):
     """The driver of a gang is gone: its ranks stop before the next commit."""
 
 
-def _driver_alive(driver_pid: int | None) -> None:
-    """Raise :class:`DriverGone` when the run's driver is gone: its client released this task
-    (it disconnected), or, on a cluster it started, this worker lost it as its parent. A rank
-    whose driver died commits nothing more; the next run resumes from the last commit."""
-    if driver_pid is not None and os.getppid() != driver_pid:
-        raise DriverGone(f"the driver (pid {driver_pid}) is gone; not committing")
+def _driver_fence(driver_pid: int | None) -> Callable[[], None]:
+    """A check, made before each commit, that the run's driver is still there: its process runs
+    (a cluster it started, on this host), and its client has not released this rank's task (it
+    disconnected). A rank whose driver died commits nothing more; the next run resumes from the
+    last commit. The worker and the task are looked up here, in the rank's own thread: commits
+    may run in a background thread, where Dask's worker context is not set."""
     try:
         worker = get_worker()
-    except ValueError:  # not in a Dask worker
-        return
-    key = worker.get_current_task()
-    task = worker.state.tasks.get(key) if key is not None else None
-    if task is None or task.state in ("cancelled", "released", "forgotten"):
-        raise DriverGone("the driver released this rank's task (it disconnected); not committing")
+        key = worker.get_current_task()
+    except (ValueError, KeyError):  # not in a Dask worker's task
+        worker, key = None, None
+
+    def check() -> None:
+        if driver_pid is not None and not _pid_alive(driver_pid):
+            raise DriverGone(f"the driver (pid {driver_pid}) is gone; not committing")
+        if worker is None or key is None:
+            return
+        task = worker.state.tasks.get(key)
+        if task is None or task.state in ("cancelled", "released"):
+            raise DriverGone(
+                "the driver released this rank's task (it disconnected); not committing"
+            )
+
+    return check
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def rank_main(spec: RankSpec) -> dict[str, Any]:
@@ -198,7 +217,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             rank_callbacks=spec.rank_callbacks,
             state=state,
             restarts=spec.restarts,
-            fence=functools.partial(_driver_alive, spec.driver_pid),
+            fence=_driver_fence(spec.driver_pid),
         )
         trainer = built.trainer
         try:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kgpipe.errors import KgpipeError, RunError
+from kgpipe.errors import Fenced, KgpipeError, RunError
 from kgpipe.storage import Store
 
 __all__ = ["LEASE", "LeaseLost", "RunLease", "check_holder", "describe_holder"]
@@ -43,7 +43,7 @@ log = logging.getLogger("kgpipe.lease")
 LEASE = "lease"
 
 
-class LeaseLost(RunError):
+class LeaseLost(Fenced):
     """Another writer took the run folder over (this one stalled past its lease)."""
 
 
@@ -63,7 +63,7 @@ def _rel(number: int) -> str:
 def _read(store: Store, number: int) -> dict[str, Any]:
     try:
         data = json.loads(store.read_text(_rel(number)))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, FileNotFoundError):  # half-written, or just removed
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -77,8 +77,17 @@ def describe_holder(record: dict[str, Any], now: float | None = None) -> str:
     return f"{who} ({where}), lease renewed {age:.0f} s ago"
 
 
-def check_holder(store: Store, number: int) -> None:
-    """Raise :class:`LeaseLost` unless lease record ``number`` is still the newest."""
+def check_holder(store: Store, number: int, token: str | None = None) -> None:
+    """Raise :class:`LeaseLost` unless lease record ``number`` is still the newest (and, with
+    ``token``, is that writer's and not released)."""
+    if token is not None:
+        record = _read(store, number)
+        if record.get("token") != token or record.get("released"):
+            raise LeaseLost(
+                f"{store.url}: lease record {number} is not held by this caller (released, or "
+                "another writer's): a flow run re-run with the `lease` of an earlier run? Run "
+                "it without `lease`"
+            )
     newest = _records(store)
     if newest and newest[-1] != number:
         other = _read(store, newest[-1])
@@ -103,6 +112,7 @@ class RunLease:
         self.ttl_s = ttl_s
         self.holder = holder or "kgpipe"
         self._held: _Held | None = None
+        self._lock = threading.Lock()  # a renewal's write and the release never interleave
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.lost: KgpipeError | None = None
@@ -113,6 +123,11 @@ class RunLease:
     def number(self) -> int | None:
         """The record this writer holds (None before :meth:`acquire`)."""
         return self._held.number if self._held else None
+
+    @property
+    def handle(self) -> str | None:
+        """``NUMBER/TOKEN``: what a caller passes to a flow run that works under its lease."""
+        return f"{self._held.number}/{self._held.record['token']}" if self._held else None
 
     def acquire(self) -> None:
         """Take the run folder, or raise :class:`RunError` naming the writer that holds it."""
@@ -150,6 +165,7 @@ class RunLease:
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "pid_started": _started(os.getpid()),
+                "machine": _machine(),
                 "user": _user(),
                 "token": uuid.uuid4().hex,
                 "acquired": time.time(),
@@ -178,32 +194,35 @@ class RunLease:
 
     def renew(self) -> None:
         """Write a new renewal time, unless the run folder was taken over (then raise)."""
-        held = self._held
-        if held is None:
-            return
-        self.check()
-        held.record["renewed"] = time.time()
-        self.store.write_bytes(_rel(held.number), json.dumps(held.record).encode())
+        with self._lock:
+            held = self._held
+            if held is None:  # released meanwhile
+                return
+            self.check()
+            held.record["renewed"] = time.time()
+            self.store.write_bytes(_rel(held.number), json.dumps(held.record).encode())
 
     def release(self) -> None:
-        """Mark the lease released (a later writer need not wait for it to expire)."""
+        """Mark the lease released (a later writer need not wait for it to expire). Never
+        raises: it runs while another error (or Ctrl-C) may be on its way out."""
+        self._stop.set()
+        with self._lock:  # waits for a renewal in flight; later ones see nothing held
+            held, self._held = self._held, None
         self._stop_renewing()
-        held, self._held = self._held, None
         if held is None:
             return
         try:
             check_holder(self.store, held.number)
-        except LeaseLost:
-            return  # not ours any more: leave the successor's record alone
-        held.record.update(released=True, renewed=time.time())
-        try:
+            held.record.update(released=True, renewed=time.time())
             if self.store.list() in ([LEASE], []):
                 # nothing was written under the lease (bad input, a refusal): leave no folder
                 self.store.remove(_rel(held.number), recursive=False)
                 self.store.remove_empty_folders([LEASE, ""], also=self._new_folders)
             else:
                 self.store.write_bytes(_rel(held.number), json.dumps(held.record).encode())
-        except KgpipeError as err:  # it will expire instead
+        except LeaseLost:
+            return  # not ours any more: leave the successor's record alone
+        except Exception as err:  # it will expire instead
             log.warning("%s: could not release the lease: %s", self.store.url, err)
 
     def start_renewing(self) -> None:
@@ -227,9 +246,9 @@ class RunLease:
 
     def _stop_renewing(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-            self._thread = None
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        self._thread = None
 
     def _forget_older(self, number: int) -> None:
         for old in _records(self.store):
@@ -264,6 +283,8 @@ def _holder_gone(record: dict[str, Any]) -> bool:
     another host is judged by its lease's age alone."""
     if record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
         return False
+    if record.get("machine") is None or record.get("machine") != _machine():
+        return False  # another boot, container or pid namespace: its pids mean nothing here
     pid = int(record["pid"])
     if pid == os.getpid():
         return False
@@ -275,6 +296,16 @@ def _holder_gone(record: dict[str, Any]) -> bool:
         pass  # runs, as another user
     started = record.get("pid_started")
     return started is not None and _started(pid) not in (None, started)
+
+
+def _machine() -> str | None:
+    """This boot of this kernel and this pid namespace (Linux), so that a pid is only compared
+    with pids it can be compared with (two containers may share a host name)."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return None
 
 
 def _user() -> str:
