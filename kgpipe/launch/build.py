@@ -23,7 +23,6 @@ import torch
 from kgpipe.checkpoint import TrainState
 from kgpipe.config import TrainingConfig
 from kgpipe.evaluation import FilterIndex
-from kgpipe.models.model import KGEModel
 from kgpipe.process import ThreadGovernor
 from kgpipe.runs.callbacks import CheckpointCallback, Validation
 from kgpipe.runs.folder import RunFolder, StagedData
@@ -126,12 +125,7 @@ def build_trainer(
     recorded with every epoch; ``fence`` raises when commits must stop (a gang's driver is
     gone)."""
     config = run.config
-    model = KGEModel.build(
-        config.model,
-        num_entities=run.num_entities,
-        num_relations=run.num_relations,
-        seed=config.run.seed,
-    ).to(device)
+    model = run.new_model().to(device)
     trainer = Trainer(
         model,
         data.train if train is None else train,

@@ -87,12 +87,7 @@ def finish_run(
         if found is None and config.training.epochs > 0:
             raise RunError(f"{run.url}: no committed checkpoint to finish from")
         chosen, state = found if found else (None, None)
-    model = KGEModel.build(
-        config.model,
-        num_entities=run.num_entities,
-        num_relations=run.num_relations,
-        seed=config.run.seed,
-    )
+    model = run.new_model()
     if state is not None:  # else training.epochs == 0: the seeded initial model
         with torch.no_grad():
             model.entity.copy_(state.tables["entity"])

@@ -31,6 +31,7 @@ from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import RunConfig, config_hash
 from kgpipe.data.shards import MANIFEST, read_manifest, read_shards
 from kgpipe.errors import RunError
+from kgpipe.models.model import KGEModel
 from kgpipe.runs.lease import LEASE, check_holder
 from kgpipe.storage import RetryPolicy, Store, join_url
 
@@ -129,6 +130,15 @@ class RunFolder:
     @property
     def retry(self) -> RetryPolicy:
         return retry_policy(self.config)
+
+    def new_model(self) -> KGEModel:
+        """The run's model as its seed initialises it (on the CPU)."""
+        return KGEModel.build(
+            self.config.model,
+            num_entities=self.num_entities,
+            num_relations=self.num_relations,
+            seed=self.config.run.seed,
+        )
 
     def checkpoints(self, *, fence: Callable[[], None] | None = None) -> CheckpointStore:
         """The run's checkpoints; commits check first that this writer still holds the run

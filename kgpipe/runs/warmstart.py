@@ -15,7 +15,6 @@ from torch import Tensor
 from kgpipe.checkpoint import TrainState
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import RunError
-from kgpipe.models.model import KGEModel
 from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.read import load_run
 from kgpipe.training.optim import build_optimizer
@@ -91,12 +90,7 @@ def commit_warm_start(run: RunFolder, vocab: Vocabulary, source: str) -> dict[st
     folder at ``source``, matched by label; returns the counts of kept, new and dropped rows."""
     previous = load_run(source, run.config.run.storage_options)
     cfg = run.config
-    model = KGEModel.build(
-        cfg.model,
-        num_entities=run.num_entities,
-        num_relations=run.num_relations,
-        seed=cfg.run.seed,
-    )
+    model = run.new_model()
     try:
         ws = warm_start_tables(
             previous.vocab,
