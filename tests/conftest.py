@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATASETS = REPO.parent / "shared" / "datasets"
+
+# The suite never writes into the user's Prefect database or talks to their Prefect server: a
+# PREFECT_HOME of its own (profiles, the temporary servers' SQLite), set before anything
+# imports Prefect (which reads its settings at import), and removed at the end.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="kgpipe-tests-prefect-home-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+for _name in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH"):
+    os.environ.pop(_name, None)
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -20,8 +33,6 @@ def datasets_root() -> Path:
 
 # -- a real S3 server (SeaweedFS) on loopback ------------------------------------------------------
 import json  # noqa: E402
-import os  # noqa: E402
-import shutil  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402

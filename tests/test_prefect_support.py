@@ -113,3 +113,15 @@ def test_flow_artifacts_reach_server_and_ui(
         assert shot.stat().st_size > 20_000, f"{shot} looks blank"
     with capsys.disabled():  # shown even under -q; pytest keeps the last 3 sessions' tmp dirs
         print(f"\nPrefect UI screenshots: {out}")
+
+
+def test_the_suite_keeps_out_of_the_users_prefect_home() -> None:
+    """Flows run in tests (their temporary servers' SQLite included) write under a PREFECT_HOME
+    of the test session, never the user's ~/.prefect; and no configured server is used."""
+    from prefect.settings import get_current_settings
+
+    home = Path(get_current_settings().home).resolve()
+    assert home == Path(os.environ["PREFECT_HOME"]).resolve()
+    assert not home.is_relative_to(Path.home() / ".prefect")
+    assert "kgpipe-tests-prefect-home-" in home.name
+    assert "PREFECT_API_URL" not in os.environ or "127.0.0.1" in os.environ["PREFECT_API_URL"]
