@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 from collections.abc import Sequence
@@ -15,13 +16,23 @@ __all__ = ["build_parser", "main"]
 
 def _commands() -> tuple[ModuleType, ...]:
     # each module: NAME, HELP, add_arguments(parser), run(args, console) -> exit status
-    from kgpipe.cli import evaluate, export, ls, predict, train
+    from kgpipe.cli import config, evaluate, export, ls, predict, train
 
-    return (train, evaluate, export, predict, ls)
+    return (train, evaluate, export, predict, ls, config)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kgpipe")
+    except PackageNotFoundError:  # a checkout on sys.path, not installed
+        return "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kgpipe", description="Train knowledge-graph embeddings.")
+    p.add_argument("--version", action="version", version=f"kgpipe {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
     for module in _commands():
         parser = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
@@ -45,7 +56,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from rich.console import Console
 
     args = build_parser().parse_args(argv)
-    console = Console(stderr=True)
+    console = Console(stderr=True, log_path=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = 160  # a log file: lines as the messages are, not wrapped at 80
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
@@ -55,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
         return 2
+    except BrokenPipeError:  # `kgpipe config --defaults | head`: the reader left, say nothing
+        import sys
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

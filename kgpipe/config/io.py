@@ -27,29 +27,60 @@ __all__ = [
 ]
 
 
-def _format_validation_error(err: ValidationError) -> str:
-    lines = []
+def _blame(path: str, overrides: Mapping[str, str]) -> str | None:
+    """The ``--set`` item that put the value at ``path`` there (itself or a section above it)."""
+    for key, item in overrides.items():
+        if path == key or path.startswith(f"{key}.") or key.startswith(f"{path}."):
+            return item
+    return None
+
+
+def _format_validation_error(
+    err: ValidationError, source: str, overrides: Mapping[str, str]
+) -> str:
+    """``SOURCE: path: problem`` for one error; ``SOURCE: invalid configuration:`` and one
+    indented line per error for several. An error in a value given with ``--set`` is blamed on
+    that ``--set`` item, not on the file; an unknown key gets the closest known one."""
+    from kgpipe.config.keys import suggest_key
+
+    lines: list[tuple[str | None, str]] = []
     for e in err.errors():
         path = ".".join(str(p) for p in e["loc"]) or "(root)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {path}: unknown key")
+            close = suggest_key(path)
+            text = f"{path}: unknown key" + (f" (did you mean {close}?)" if close else "")
         elif e["type"] == "missing":
-            lines.append(f"  {path}: required")
+            text = f"{path}: required"
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
-            lines.append(f"  {path}: {e['msg']}{shown}")
-    return "invalid configuration:\n" + "\n".join(lines)
+            text = f"{path}: {e['msg']}{shown}"
+        lines.append((_blame(path, overrides), text))
+    blamed = {item for item, _ in lines}
+    where = source
+    if None not in blamed:  # every error is in a --set value: the file is not to blame
+        where = f"--set {next(iter(blamed))}" if len(blamed) == 1 else "--set"
+    if len(lines) == 1:
+        return f"{where}: {lines[0][1]}"
+    body = [
+        f"  {text}" + (f"  (--set {item})" if item and where == source else "")
+        for item, text in lines
+    ]
+    return f"{where}: invalid configuration:\n" + "\n".join(body)
 
 
-def parse_config(data: Mapping[str, Any], *, source: str = "config") -> RunConfig:
-    """Validate a mapping into a :class:`RunConfig`; errors name the dotted key path."""
+def parse_config(
+    data: Mapping[str, Any], *, source: str = "config", overrides: Mapping[str, str] | None = None
+) -> RunConfig:
+    """Validate a mapping into a :class:`RunConfig`; errors name the dotted key path (and the
+    ``--set`` item, given ``overrides``: dotted path -> the item that set it)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
     try:
         return RunConfig.model_validate(dict(data))
     except ValidationError as err:
-        raise ConfigError(f"{source}: {_format_validation_error(err)}") from None
+        message = _format_validation_error(err, source, overrides or {})
+        raise ConfigError(message) from None
 
 
 def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
@@ -130,7 +161,9 @@ def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{url}: the top level must be a mapping")
-    return parse_config(apply_overrides(data, overrides), source=url)
+    overrides = list(overrides)
+    paths = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
+    return parse_config(apply_overrides(data, overrides), source=url, overrides=paths)
 
 
 def redact_secrets(config: RunConfig) -> dict[str, Any]:

@@ -1,0 +1,108 @@
+"""Config help: `kgpipe config`, `--version`, "did you mean" for keys, errors blamed on --set."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kgpipe.cli.main import main
+from kgpipe.config import RunConfig, parse_config
+from kgpipe.config.keys import config_keys, suggest_key
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_the_defaults_listing_is_a_config_one_can_start_from(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`kgpipe config --defaults` is YAML whose values are the model's defaults: with a data
+    source added it validates into exactly the default config; every key is there, described."""
+    assert main(["config", "--defaults"]) == 0
+    text = capsys.readouterr().out
+    data = yaml.safe_load(text)
+    data["data"]["dataset"] = "umls"
+    assert parse_config(data) == RunConfig.model_validate({"data": {"dataset": "umls"}})
+    for key in config_keys():
+        if key.type != "section or None":
+            assert f"{key.path.rsplit('.', 1)[-1]}:" in text
+            assert key.description, f"{key.path} has no description"
+    assert "# Multiply the learning rate by this on a plateau. [float]" in text
+    assert "[transe | distmult | complex | rotate]" in text  # a registry's names
+
+
+def test_the_defaults_listing_filters_by_prefix_and_as_json(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["config", "--defaults", "--json", "training.plateau"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["key"] for r in rows] == [
+        "training.plateau.factor",
+        "training.plateau.patience",
+        "training.plateau.threshold",
+        "training.plateau.min_lr",
+    ]
+    assert rows[0]["default"] == 0.5 and rows[0]["type"] == "float"
+    assert main(["config", "--defaults", "trainig"]) == 2
+    assert "did you mean training?" in capsys.readouterr().err
+
+
+def test_a_config_is_shown_resolved(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = str(REPO / "configs" / "umls-complex.yaml")
+    assert main(["config", "-c", cfg, "--set", "model.dim=64"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["model"]["dim"] == 64 and shown["checkpoint"]["keep_last"] == 3
+    assert main(["config", "-c", cfg, "--set", "model.dim=x"]) == 2
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    from importlib.metadata import version
+
+    assert capsys.readouterr().out.strip() == f"kgpipe {version('kgpipe')}"
+
+
+@pytest.mark.parametrize(
+    "typo,meant",
+    [
+        ("training.epoch", "training.epochs"),
+        ("modle", "model"),
+        ("training.dim", "model.dim"),  # the right name in another section
+        ("distributed.worker", "distributed.workers"),
+        ("training.plateau.factr", "training.plateau.factor"),
+        ("model.zzzz", None),
+    ],
+)
+def test_a_mistyped_key_gets_the_closest_known_one(typo: str, meant: str | None) -> None:
+    assert suggest_key(typo) == meant
+
+
+def _train(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["train", *args, "--no-prefect", "-q"]) == 2
+    return capsys.readouterr().err
+
+
+def test_errors_name_the_closest_key_and_blame_the_set_value_not_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = str(REPO / "configs" / "umls-complex.yaml")
+    err = _train(["-c", good, "--set", "training.epoch=3"], capsys)
+    assert err.strip() == (
+        "error: --set training.epoch=3: training.epoch: unknown key (did you mean training.epochs?)"
+    )
+    err = _train(["-c", good, "--set", "training.epochs=abc"], capsys)
+    assert err.startswith("error: --set training.epochs=abc: training.epochs: ")
+    assert "umls-complex.yaml" not in err and len(err.strip().splitlines()) == 1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {dataset: umls}\nmodel: {dimm: 3}\n")
+    err = _train(["-c", str(bad), "--set", "training.lr=abc"], capsys)
+    assert err.splitlines()[0] == f"error: {bad}: invalid configuration:"
+    assert "  model.dimm: unknown key (did you mean model.dim?)" in err.splitlines()
+    assert any(
+        line.startswith("  training.lr: ") and line.endswith("(--set training.lr=abc)")
+        for line in err.splitlines()
+    ), err
