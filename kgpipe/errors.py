@@ -55,6 +55,11 @@ class StorageAccessDenied(StorageError):
     """The object store refused the credentials or the permission (no retry can help)."""
 
 
+class StorageUnreachable(StorageError):
+    """A run started against an object store whose endpoint does not answer (checked once per
+    endpoint and process, before the first read or write, so that it fails in seconds)."""
+
+
 class StorageFull(StorageError):
     """The run root's device or quota has no room left for a write; the message names the path,
     the bytes the write needed and the bytes free. Nothing half-written is left behind."""

@@ -23,11 +23,13 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.core import url_to_fs
 
+from kgpipe.endpoints import check_reachable
 from kgpipe.errors import StorageAccessDenied, StorageError, StorageFull
 
 __all__ = [
     "RetryPolicy",
     "Store",
+    "check_reachable",
     "is_out_of_space",
     "is_transient",
     "join_url",
@@ -323,10 +325,11 @@ def read_url(
     url: str, storage_options: dict[str, Any] | None = None, *, retry: RetryPolicy | None = None
 ) -> bytes:
     """The bytes of one file at any fsspec URL, with the retries of a :class:`Store` (input files
-    outside a run folder: the graph's splits, a config)."""
+    outside a run folder: the graph's splits, a config), after :func:`check_reachable`."""
     fs, path = url_to_fs(url, **(storage_options or {}))
     if "file" in _protocols(fs):
         return bytes(fs.cat_file(path))
+    check_reachable(fs, url)
     return retrying(
         lambda: bytes(fs.cat_file(path)), what=f"read {url}", policy=retry or RetryPolicy()
     )

@@ -17,7 +17,17 @@ from pathlib import Path
 
 #: bottom to top; patterns are module names (fnmatch). A new module must be placed here.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("kgpipe", "kgpipe.errors", "kgpipe.registry", "kgpipe.storage", "kgpipe.process")),
+    (
+        "base",
+        (
+            "kgpipe",
+            "kgpipe.errors",
+            "kgpipe.registry",
+            "kgpipe.storage",
+            "kgpipe.endpoints",
+            "kgpipe.process",
+        ),
+    ),
     (
         "parts",  # pluggable families (registries) and what they need: no config types
         (
@@ -39,6 +49,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.training.steps.*",
             "kgpipe.data",
             "kgpipe.data.io",
+            "kgpipe.data.split",
             "kgpipe.data.formats",
             "kgpipe.data.formats.*",
             "kgpipe.distributed",

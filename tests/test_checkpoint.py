@@ -196,6 +196,20 @@ def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
         train(_config(str(tmp_path), "a", training={"epochs": 1}, model={"dim": 16}), resume=True)
 
 
+def test_a_run_from_before_header_auto_resumes_under_the_new_default(tmp_path: Path) -> None:
+    """data.header became `auto` by default: a run written with the old default (`false`, in
+    its config.yaml) keeps its config hash and resumes from a config that leaves it out."""
+    from kgpipe.config import config_hash
+
+    old = _config(str(tmp_path), "h", training={"epochs": 1}, data={"header": False})
+    new = _config(str(tmp_path), "h", training={"epochs": 2})
+    same = _config(str(tmp_path), "h", training={"epochs": 1})
+    assert new.data.header == "auto" and config_hash(old) == config_hash(same)
+    train(old)
+    result = train(new, resume=True)
+    assert [h.epoch for h in result.history] == [1, 2]
+
+
 def test_the_thread_count_may_change_on_resume(tmp_path: Path) -> None:
     """training.threads says how the process shares its machine, not what is trained: a run
     begun on 1 thread continues on 2 (and a changed model is still refused)."""

@@ -14,7 +14,7 @@ from conftest import S3Server
 
 from kgpipe.config import parse_config
 from kgpipe.data.dataset import load_dataset
-from kgpipe.errors import DataError
+from kgpipe.errors import DataError, StorageUnreachable
 from kgpipe.pipeline import train
 from kgpipe.runs.read import evaluate_run
 
@@ -206,3 +206,66 @@ def test_s3_outage_during_staging(
     stormy = st_load(_fs(server).cat_file("kgpipe/outage/runs/stormy/model.safetensors"))
     calm_model = st_load((tmp_path / "calm" / "model.safetensors").read_bytes())
     assert all(bool((stormy[k] == calm_model[k]).all()) for k in ("entity", "relation"))
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens on it once closed
+
+
+@pytest.mark.parametrize("where", ["data", "run root"])
+def test_an_unreachable_endpoint_fails_in_seconds_at_start_up(
+    where: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refused connection when a run starts is one line within seconds (it took 82 s of
+    retries, botocore's inside kgpipe's), naming the endpoint; nothing is written."""
+    import time
+
+    from kgpipe.cli.main import main
+
+    endpoint = f"http://127.0.0.1:{_closed_port()}"
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": endpoint}}
+    run = {"root": str(tmp_path / "runs"), "name": "r"}
+    data: dict[str, Any] = {"dataset": "umls"}
+    if where == "data":
+        data = {"train": "s3://bucket/train.tsv", "storage_options": options}
+    else:
+        run = {"root": "s3://bucket/runs", "name": "r", "storage_options": options}
+    cfg = {
+        "run": run,
+        "data": data,
+        "model": {"name": "transe", "dim": 4},
+        "training": {"epochs": 1},
+    }
+    (tmp_path / "c.yaml").write_text(json.dumps(cfg))
+    t0 = time.monotonic()
+    status = main(["train", "-c", str(tmp_path / "c.yaml"), "--no-prefect", "-q"])
+    elapsed = time.monotonic() - t0
+    err = capsys.readouterr().err
+    assert status == 2
+    assert elapsed < 10, elapsed
+    assert f"cannot reach the object store at {endpoint} (connection refused)" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_reached_endpoint_keeps_the_long_backoff(s3_server: S3Server) -> None:
+    """Once an endpoint answered, a later fault is a run's fault: no fail-fast probe again."""
+    from kgpipe import endpoints as storage
+
+    fs = s3fs.S3FileSystem(**s3_server.storage_options(), skip_instance_cache=True)
+    storage.check_reachable(fs, "s3://kgpipe/x")
+    assert s3_server.endpoint in storage._REACHED
+    dead = s3fs.S3FileSystem(
+        key="k",
+        secret="s",
+        client_kwargs={"endpoint_url": f"http://127.0.0.1:{_closed_port()}"},
+        skip_instance_cache=True,
+    )
+    with pytest.raises(StorageUnreachable):
+        storage.check_reachable(dead, "s3://kgpipe/x")
+    storage._REACHED.add(dead.storage_options["client_kwargs"]["endpoint_url"])
+    storage.check_reachable(dead, "s3://kgpipe/x")  # reached once: left to the retries

@@ -45,6 +45,12 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
         }
     else:  # runs from before the plateau schedule keep their hash
         training.pop("plateau", None)
+    if config.data.split is None:  # runs from before data.split existed keep their hash
+        data["data"].pop("split", None)
+    if data["data"].get("header") == "auto":
+        # what `auto` decided is in data.json and the staged data a resume reuses; runs from
+        # when the default was false keep their hash and resume under the new default
+        data["data"]["header"] = False
     if not config.model.dropout.active:  # runs from before dropout existed keep their hash
         data["model"].pop("dropout", None)
     return data

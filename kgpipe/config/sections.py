@@ -11,7 +11,14 @@ from kgpipe.data.formats import FORMATS
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.training.regularizers import REGULARIZERS
 
-__all__ = ["DataConfig", "DropoutConfig", "ModelConfig", "RegularizerConfig", "RunSection"]
+__all__ = [
+    "DataConfig",
+    "DropoutConfig",
+    "ModelConfig",
+    "RegularizerConfig",
+    "RunSection",
+    "SplitConfig",
+]
 
 
 class RunSection(Frozen):
@@ -40,6 +47,36 @@ class RunSection(Frozen):
         return redacted_options(value)
 
 
+class SplitConfig(Frozen):
+    """Validation and test triples split off a single ``data.train`` file.
+
+    After duplicates are removed, the train triples are shuffled with ``seed`` and taken in that
+    order into valid (then test) as long as each taken triple's head, tail and relation keep at
+    least one other triple in train: every valid/test entity and relation occurs in train (the
+    standard protocol) and train loses none. Where too few triples qualify, fewer are taken
+    (the staging log says how many). The same file, fractions and seed give the same split.
+    Each fraction is below 0.5, so together they leave train at least some triples."""
+
+    valid: float = Field(
+        default=0.0, ge=0.0, lt=0.5, description="Fraction of the triples for validation."
+    )
+    test: float = Field(default=0.0, ge=0.0, lt=0.5, description="Fraction for test.")
+    seed: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Seed of the shuffle. Independent of run.seed, so that runs with different seeds "
+            "are trained and evaluated on the same split."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _asks_for_triples(self) -> SplitConfig:
+        if self.valid == 0.0 and self.test == 0.0:
+            raise ValueError("data.split needs a valid or a test fraction above 0")
+        return self
+
+
 class DataConfig(Frozen):
     """Which triples to read and how to parse them."""
 
@@ -63,7 +100,22 @@ class DataConfig(Frozen):
     delimiter: str | None = Field(
         default=None, description="Field delimiter for tsv/csv (default tab / comma)."
     )
-    header: bool = Field(default=False, description="CSV/TSV files start with a header row.")
+    header: bool | Literal["auto"] = Field(
+        default="auto",
+        description=(
+            "CSV/TSV files start with a header row: true, false, or auto (decided per file). "
+            "Column names in `columns` imply true. `auto` skips the first data line when its "
+            "head, relation and tail fields are distinct, none is a number and each looks like "
+            "a column name (a letter, then letters, digits, `_`, `-`, `.` or spaces), and "
+            "either all three are common column names (head/relation/tail, subject/predicate/"
+            "object, s/p/o, h/r/t, source/target, src/dst, from/to, rel, relation_type, ...; "
+            "case, `_`/`-`/spaces and an `id`/`label`/`name` suffix ignored), or none of the "
+            "three occurs anywhere else (as an entity, resp. a relation) in the file's other "
+            "rows (at least two) and, for valid/test, in train, while the other relations "
+            "each occur twice or more on average. The staging log and data.json say what was "
+            "decided."
+        ),
+    )
     columns: tuple[str | int, str | int, str | int] | None = Field(
         default=None,
         description=(
@@ -78,6 +130,13 @@ class DataConfig(Frozen):
         description=(
             "Valid/test triples whose entity or relation is not in train: keep (standard protocol), "
             "drop, or error."
+        ),
+    )
+    split: SplitConfig | None = Field(
+        default=None,
+        description=(
+            "Split valid/test triples off `train` (e.g. {valid: 0.05, test: 0.05}); needs "
+            "`train` without `valid`, `test` or `dataset`. Default: no split."
         ),
     )
     storage_options: dict[str, Any] = Field(
@@ -98,6 +157,15 @@ class DataConfig(Frozen):
     def _sources(self) -> DataConfig:
         if self.dataset is None and self.train is None:
             raise ValueError("set either data.dataset or data.train")
+        if self.split is not None:
+            if self.train is None:
+                raise ValueError("data.split needs data.train (the one file to split)")
+            given = [k for k in ("dataset", "valid", "test") if getattr(self, k) is not None]
+            if given:
+                raise ValueError(
+                    f"data.split makes the valid/test splits out of data.train: unset "
+                    f"{' and '.join('data.' + k for k in given)}, or remove data.split"
+                )
         return self
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -13,7 +13,9 @@ import torch
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
+from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.io import read_bytes
+from kgpipe.data.split import split_record, split_triples
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
@@ -29,7 +31,7 @@ class SplitReport:
     source: str
     #: Data lines (or Parquet rows) parsed, excluding blank, comment and header lines; includes
     #: statements later dropped, so ``lines = triples + duplicates + literals_dropped``
-    #: (``+ unseen`` when ``unseen_action == "drop"``).
+    #: (``+ unseen`` when ``unseen_action == "drop"``, ``+ split_off`` with ``data.split``).
     lines: int
     #: Triples kept after removing duplicates and handling unseen entities/relations.
     triples: int
@@ -43,6 +45,17 @@ class SplitReport:
     literals_dropped: int = 0
     #: SHA-256 (hex) of the file's decompressed content.
     sha256: str = ""
+    #: Whether the file's first data line was a header row (skipped).
+    header: bool = False
+    #: How ``header`` was decided: ``"auto"`` (``data.header: auto``, from the file),
+    #: ``"config"`` (``data.header: true/false``), ``"columns"`` (``data.columns`` names
+    #: columns: a header is needed), ``"benchmark"`` (named benchmarks have none) or ``"n/a"``
+    #: (Parquet, N-Triples).
+    header_detected: str = "auto"
+    #: Triples of this (train) file moved to valid/test by ``data.split``.
+    split_off: int = 0
+    #: ``"train"`` when this split's triples were split off the train file by ``data.split``.
+    split_from: str = ""
 
 
 @dataclass(frozen=True, eq=False)
@@ -54,8 +67,12 @@ class TripleDataset:
     test: torch.Tensor
     vocab: Vocabulary
     reports: dict[str, SplitReport] = field(default_factory=dict)
-    #: SHA-256 (hex) over the content of every input file, in split order.
+    #: SHA-256 (hex) over the content of every input file, in split order (and the fractions
+    #: and seed of ``data.split``, when set).
     fingerprint: str = ""
+    #: What ``data.split`` did (``None`` without it): ``source``, ``seed``, the ``fractions``
+    #: and the triples ``requested`` of valid/test, and the ``triples`` of every split.
+    split: dict[str, Any] | None = None
 
     @property
     def num_entities(self) -> int:
@@ -83,8 +100,40 @@ class TripleDataset:
                 notes.append(f"{rep.unseen:,} with unseen entities/relations {verb}")
             if rep.literals_dropped:
                 notes.append(f"{rep.literals_dropped:,} literal statements dropped")
-            out.append(f"{split}: {rep.triples:,} triples ({', '.join(notes)}) from {rep.source}")
+            if rep.split_off:
+                notes.append(f"{rep.split_off:,} moved to valid/test by data.split")
+            if rep.split_from and self.split is not None:
+                notes = [
+                    f"split off {rep.split_from} by data.split: "
+                    f"{self.split['fractions'][split]:.1%}, seed {self.split['seed']}"
+                ]
+            out.append(
+                f"{split}: {rep.triples:,} triples ({', '.join(notes)}) from {rep.source}"
+                f"{_header_note(rep)}"
+            )
+        if self.split is not None:
+            short = [
+                f"{self.split['triples'][k]:,} of {wanted:,} {k}"
+                for k, wanted in self.split["requested"].items()
+                if self.split["triples"][k] < wanted
+            ]
+            if short:
+                out.append(
+                    f"data.split took only {' and '.join(short)} triples: the others would "
+                    "have left an entity or relation without a train triple"
+                )
         return "\n".join(out)
+
+
+def _header_note(rep: SplitReport) -> str:
+    if rep.split_from:  # said on the line of the file it was split off
+        return ""
+    if rep.header_detected == "auto":
+        detected = "header row detected and skipped" if rep.header else "no header row"
+        return f"; {detected} (data.header: auto)"
+    if rep.header and rep.header_detected in ("config", "columns"):
+        return "; header row skipped"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -113,7 +162,10 @@ def _sources(cfg: DataConfig) -> list[_Source]:
     return out
 
 
-def _parse(src: _Source, cfg: DataConfig, retry: RetryPolicy | None) -> tuple[LabeledTriples, str]:
+def _parse(
+    src: _Source, cfg: DataConfig, retry: RetryPolicy | None
+) -> tuple[LabeledTriples, str, bool, str]:
+    """The file's triples, its SHA-256, and ``(header, how)`` (see :func:`header_mode`)."""
     data = read_bytes(src.url, src.storage_options, retry=retry)
     digest = hashlib.sha256(data).hexdigest()
     if src.benchmark is not None:
@@ -128,17 +180,19 @@ def _parse(src: _Source, cfg: DataConfig, retry: RetryPolicy | None) -> tuple[La
         triples = parse_triples(
             data, source=src.url, fmt="tsv", delimiter=None, header=False, columns=None
         )
-    else:
-        triples = parse_triples(
-            data,
-            source=src.url,
-            fmt=detect_format(src.url, cfg.format),
-            delimiter=cfg.delimiter,
-            header=cfg.header,
-            columns=cfg.columns,
-            literals=cfg.literals,
-        )
-    return triples, digest
+        return triples, digest, False, "benchmark"
+    fmt = detect_format(src.url, cfg.format)
+    header, how = header_mode(fmt, cfg.header, cfg.columns)
+    triples = parse_triples(
+        data,
+        source=src.url,
+        fmt=fmt,
+        delimiter=cfg.delimiter,
+        header=header,
+        columns=cfg.columns,
+        literals=cfg.literals,
+    )
+    return triples, digest, header, how
 
 
 def _ids(labels: list[str], index: Mapping[str, int]) -> np.ndarray:
@@ -162,10 +216,13 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     """Read, parse and index the splits described by ``cfg``.
 
     Splits come from ``cfg.dataset`` (a named benchmark, checksum-verified) and/or the
-    ``cfg.train``/``valid``/``test`` URLs (which override the benchmark's files). Duplicate
-    triples are removed within each split (first occurrence kept, file order preserved);
-    valid/test triples with entities or relations not in train are kept, dropped or rejected
-    according to ``cfg.unseen``. Ids: see :class:`~kgpipe.data.vocab.Vocabulary`.
+    ``cfg.train``/``valid``/``test`` URLs (which override the benchmark's files). A CSV/TSV
+    file's header row is skipped per ``cfg.header`` (``auto``: see
+    :mod:`kgpipe.data.formats.header`). Duplicate triples are removed within each split (first
+    occurrence kept, file order preserved); valid/test triples with entities or relations not in
+    train are kept, dropped or rejected according to ``cfg.unseen``. ``cfg.split`` then moves
+    valid/test triples out of train (:mod:`kgpipe.data.split`). Ids: see
+    :class:`~kgpipe.data.vocab.Vocabulary`.
 
     Raises :class:`~kgpipe.errors.DataError` for unreadable or malformed files, checksum
     mismatches and (with ``unseen="error"``) unseen entities/relations. Reads from object
@@ -174,9 +231,15 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     sources = _sources(cfg)
     parsed: dict[str, LabeledTriples] = {}
     digests: dict[str, str] = {}
+    headers: dict[str, tuple[bool, str]] = {}
     by_split = {src.split: src for src in sources}
-    for src in sources:
-        parsed[src.split], digests[src.split] = _parse(src, cfg, retry)
+    for src in sources:  # train first: header detection in valid/test compares with train
+        lt, digests[src.split], header, how = _parse(src, cfg, retry)
+        if how == "auto":
+            header = detect_header(lt, parsed.get("train"))
+            if header:
+                lt = without_first(lt, src.url)
+        parsed[src.split], headers[src.split] = lt, (header, how)
 
     train = parsed["train"]
     if not train.heads:
@@ -239,7 +302,10 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
             unseen_action=action,
             literals_dropped=lt.literals_dropped,
             sha256=digests[split],
+            header=headers[split][0],
+            header_detected=headers[split][1],
         )
+    split_info = _split(cfg, tensors, reports) if cfg.split is not None else None
 
     if cfg.unseen == "keep":
         vocab = full
@@ -252,6 +318,10 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     fingerprint = hashlib.sha256()
     for split in parsed:
         fingerprint.update(f"{split}\t{digests[split]}\n".encode())
+    if cfg.split is not None:
+        fingerprint.update(
+            f"split\t{cfg.split.valid}\t{cfg.split.test}\t{cfg.split.seed}\n".encode()
+        )
 
     empty = torch.zeros((0, 3), dtype=torch.int64)
     return TripleDataset(
@@ -261,7 +331,37 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
         vocab=vocab,
         reports=reports,
         fingerprint=fingerprint.hexdigest(),
+        split=split_info,
     )
+
+
+def _split(
+    cfg: DataConfig, tensors: dict[str, torch.Tensor], reports: dict[str, SplitReport]
+) -> dict[str, Any]:
+    """Apply ``data.split`` to the train triples in ``tensors``/``reports`` (in place); what it
+    did, for :attr:`TripleDataset.split`."""
+    assert cfg.split is not None
+    rows = tensors["train"].numpy()
+    parts = split_triples(rows, valid=cfg.split.valid, test=cfg.split.test, seed=cfg.split.seed)
+    base = reports["train"]
+    fractions = {"valid": cfg.split.valid, "test": cfg.split.test}
+    for split, fraction in fractions.items():
+        if not fraction:
+            continue
+        index = parts.valid if split == "valid" else parts.test
+        tensors[split] = torch.from_numpy(np.ascontiguousarray(rows[index]))
+        reports[split] = replace(
+            base,
+            lines=len(index),
+            triples=len(index),
+            duplicates=0,
+            literals_dropped=0,
+            split_from="train",
+        )
+    tensors["train"] = torch.from_numpy(np.ascontiguousarray(rows[parts.train]))
+    moved = len(parts.valid) + len(parts.test)
+    reports["train"] = replace(base, triples=len(parts.train), split_off=moved)
+    return split_record(parts, base.source, seed=cfg.split.seed, **fractions)
 
 
 def _raise_unseen(

@@ -8,6 +8,7 @@ latest committed checkpoint (:mod:`kgpipe.runs.resume` says when it may).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from kgpipe.config import RunConfig, config_to_yaml
@@ -31,17 +32,35 @@ from kgpipe.runs.folder import (
 from kgpipe.runs.lease import RunLease
 from kgpipe.runs.resume import check_resumable
 from kgpipe.runs.warmstart import commit_warm_start
+from kgpipe.storage import check_reachable
 from kgpipe.training.schedules import SCHEDULES
 
 __all__ = ["preflight", "prepare_run", "run_lease"]
 
 Log = Callable[[str], None]
 
+NO_VALIDATION = (
+    "no validation data: no early stopping, best-checkpoint selection or valid MRR; "
+    "set data.valid or data.split"
+)
+
+
+def _warner(log: Log | None, warn: Log | None) -> Log:
+    """Where warnings go: ``warn``, else ``log`` (marked WARNING), else the ``kgpipe.runs``
+    logger at WARNING level."""
+    if warn is not None:
+        return warn
+    if log is not None:
+        return lambda msg: log(f"WARNING: {msg}")
+    return logging.getLogger("kgpipe.runs").warning
+
 
 def run_lease(config: RunConfig, *, holder: str) -> RunLease:
     """The lease of ``config``'s run folder (``run.name`` set), to hold with ``with`` around
     staging, training and finishing; ``holder`` says who is writing, for whoever is refused."""
-    return RunLease(run_store(config), ttl_s=config.fault_tolerance.lease_ttl_s, holder=holder)
+    store = run_store(config)
+    check_reachable(store.fs, store.url)  # the run's first touch of its root: fail fast
+    return RunLease(store, ttl_s=config.fault_tolerance.lease_ttl_s, holder=holder)
 
 
 def preflight(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> RunConfig:
@@ -67,12 +86,17 @@ def prepare_run(
     resume: bool = False,
     warm_start: str | None = None,
     log: Log | None = None,
+    warn: Log | None = None,
 ) -> RunFolder:
     """Create the run folder and stage the data, or (``resume``) reuse a run folder's staged data
     and continue from its latest committed checkpoint.
 
     ``warm_start`` (a previous run folder's URL) commits an epoch-0 checkpoint whose tables come
     from that run's model, matched by label (see :mod:`kgpipe.runs.warmstart`).
+
+    ``log`` hears what staging does (the data read, per split), ``warn`` what the user should
+    fix (default: ``log``, marked ``WARNING:``; without either, the ``kgpipe.runs`` logger), such
+    as a run without validation data.
 
     Bad input raises a :class:`~kgpipe.errors.KgpipeError` before anything is written.
     """
@@ -112,6 +136,8 @@ def prepare_run(
             f"training.schedule={config.training.schedule} needs validation triples, and the "
             f"valid split ({config.data.valid or config.data.dataset}) has none"
         )
+    if dataset.valid.numel() == 0:
+        _warner(log, warn)(NO_VALIDATION)
     if exists:  # replace the run folder's contents; the lease (held by this writer) stays
         for name in store.list():
             if name != LEASE:
@@ -131,6 +157,7 @@ def prepare_run(
             "num_entities": dataset.num_entities,
             "num_relations": dataset.num_relations,
             "splits": {k: vars(v) for k, v in dataset.reports.items()},
+            "split": dataset.split,
         },
     )
     run = RunFolder(
