@@ -284,3 +284,24 @@ def test_rank_callbacks_run_next_to_the_model(tmp_path: Path, workers: int) -> N
     train(parse_config(data), rank_callbacks=[RecordModel(tmp_path)])
     seen = sorted(p.read_text() for p in tmp_path.glob("model-*"))
     assert seen == [f"{rank}:135x8" for rank in range(workers)]  # UMLS: 135 entities
+
+
+def test_a_heartbeat_that_meets_a_closing_cluster_is_not_logged() -> None:
+    """Once the driver has told the workers that it closes the cluster, a heartbeat failure is
+    a normal shutdown (not Dask's 25-line CommClosedError traceback); before that it is logged."""
+    import logging
+
+    from kgpipe.distributed import client as dask_client
+
+    record = logging.LogRecord(
+        "distributed.worker", logging.ERROR, __file__, 1,
+        "Failed to communicate with scheduler during heartbeat.", None, None,
+    )  # fmt: skip
+    quiet = dask_client._QuietClose()
+    dask_client._closing.clear()
+    try:
+        assert quiet.filter(record)
+        dask_client._cluster_closing()
+        assert not quiet.filter(record)
+    finally:
+        dask_client._closing.clear()

@@ -28,6 +28,23 @@ class _NotARankFailure(logging.Filter):
         )
 
 
+# in a worker process: set by the driver (over client.run) just before it closes the cluster
+_closing = threading.Event()
+
+
+def _cluster_closing() -> None:
+    _closing.set()
+
+
+class _QuietClose(logging.Filter):
+    """A worker's heartbeat that meets the scheduler already closing is part of a normal
+    shutdown, not an error: Dask logs it with a 25-line CommClosedError traceback (seen at the
+    end of one demo run in two). Dropped only once the driver said the cluster is closing."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_closing.is_set() and "heartbeat" in str(record.msg))
+
+
 class TorchWorkerSetup(WorkerPlugin):
     """Per-worker set-up at worker start: the worker's share of torch threads, its environment."""
 
@@ -47,8 +64,9 @@ class TorchWorkerSetup(WorkerPlugin):
         # a rank's failure reaches the driver, which reports it in one line (and relaunches the
         # gang); Dask's own "Compute Failed" block with the task's traceback would repeat it
         worker_log = logging.getLogger("distributed.worker")
-        if not any(isinstance(f, _NotARankFailure) for f in worker_log.filters):
-            worker_log.addFilter(_NotARankFailure())
+        for quiet in (_NotARankFailure, _QuietClose):
+            if not any(isinstance(f, quiet) for f in worker_log.filters):
+                worker_log.addFilter(quiet())
         if self.owned and threading.current_thread() is threading.main_thread():
             # a worker of a cluster kgpipe started shares the terminal's process group: a
             # Ctrl-C is the command's to handle (it closes the cluster), not each worker's to
@@ -111,6 +129,10 @@ def open_cluster(
         say(f"Dask dashboard: {client.dashboard_link}")
         yield client
     finally:
+        if owned is not None:
+            # best effort, bounded: a worker that died or froze has nothing to say
+            with contextlib.suppress(Exception):
+                client.sync(client._run, _cluster_closing, on_error="ignore", callback_timeout=5)
         client.close()
         if owned is not None:
             owned.close()
