@@ -7,10 +7,12 @@ local defaults below are in the environment (its settings are read at import).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,11 @@ from kgpipe.runs.folder import RESULTS, run_store
 from kgpipe.runs.stage import preflight, run_lease
 from kgpipe.training.hooks import Callback
 
-__all__ = ["configured_api_url", "local_prefect_defaults", "run"]
+__all__ = ["ECHO", "configured_api_url", "local_prefect_defaults", "run"]
+
+#: a log record's attribute that keeps it out of the CLI's echo (``extra={ECHO: False}``): the
+#: epoch lines, which the CLI shows with its own progress display, and the flow's summary
+ECHO = "kgpipe_echo"
 
 
 def local_prefect_defaults() -> None:
@@ -34,6 +40,56 @@ def local_prefect_defaults() -> None:
     """
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+
+
+def quiet_prefect_console(verbose: bool) -> None:
+    """Prefect's console lines at WARNING (its task-state and per-epoch INFO lines stay in the
+    Prefect API, for the UI), or at INFO with ``verbose``; call before Prefect is imported.
+    A level the user set in ``PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL`` wins."""
+    os.environ.setdefault(
+        "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL", "INFO" if verbose else "WARNING"
+    )
+
+
+class _Echo(logging.Handler):
+    """kgpipe's own INFO messages in the flow and its tasks (what staging read, where each
+    segment starts, the test evaluation) to the CLI's ``log``, one line each; not Prefect's
+    engine lines (task states, ...), and not the records marked ``extra={ECHO: False}``.
+    Warnings reach the console through Prefect's handler already."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self.log = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING or not getattr(record, ECHO, True):
+            return
+        if record.pathname.startswith(_prefect_dir()):
+            return
+        with contextlib.suppress(Exception):
+            self.log(record.getMessage())
+
+
+def _prefect_dir() -> str:
+    import prefect
+
+    return str(Path(prefect.__file__).parent)
+
+
+@contextlib.contextmanager
+def _echo(log: Callable[[str], None] | None) -> Iterator[None]:
+    if log is None:
+        yield
+        return
+    handler = _Echo(log)
+    loggers = [logging.getLogger(n) for n in ("prefect.flow_runs", "prefect.task_runs")]
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeHandler(handler)
 
 
 def configured_api_url() -> str | None:
@@ -67,9 +123,12 @@ def run(
     overwrite: bool,
     callbacks: Sequence[Callback],
     log: Callable[[str], None] | None = None,
+    verbose: bool = False,
 ) -> tuple[str, dict[str, Any] | None]:
     """Run the ``train-kge`` flow for ``config`` (on a temporary local Prefect API server
-    unless ``PREFECT_API_URL`` is set); returns the run folder's URL and its test results."""
+    unless ``PREFECT_API_URL`` is set); returns the run folder's URL and its test results.
+    ``log`` hears kgpipe's messages from the flow (Prefect's console lines are at WARNING
+    unless ``verbose``)."""
     config = config.with_run_name()
     # one writer per run folder: the lease is taken before Prefect starts, and under it bad
     # input stops with a plain message, before Prefect logs a task failure and before an
@@ -77,6 +136,7 @@ def run(
     with run_lease(config, holder=f"kgpipe train (pid {os.getpid()})") as lease:
         config = preflight(config, overwrite=overwrite, resume=resume)
         local_prefect_defaults()
+        quiet_prefect_console(verbose)
         if not configured_api_url():
             # our own temporary server rather than Prefect's: one that a Ctrl-C does not reach
             # and that does not outlive this command (flows/server.py)
@@ -86,7 +146,8 @@ def run(
         from flows.train import build_train_flow
 
         flow = build_train_flow(callbacks)
-        summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.handle)
+        with _echo(log):
+            summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.handle)
     store = run_store(config)
     results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None
     return str(summary["run"]), results

@@ -77,7 +77,7 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
             else None,
             "seconds": time.perf_counter() - t0,
         }
-        logger.info("done: %s", summary)
+        logger.info("done: %s", summary, extra={"kgpipe_echo": False})  # the CLI prints its own
         return summary
 
     return train_kge

@@ -105,6 +105,11 @@ def retrying(fn: Callable[[], T], *, what: str, policy: RetryPolicy) -> T:
             if not is_transient(err):
                 if isinstance(err, PermissionError):
                     raise StorageAccessDenied(f"{what}: access denied ({_brief(err)})") from None
+                if type(err).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+                    raise StorageAccessDenied(
+                        f"{what}: no credentials ({_brief(err)}); give them in storage_options "
+                        "or the AWS_* environment variables"
+                    ) from None
                 raise
             if attempt == len(delays):
                 raise StorageError(

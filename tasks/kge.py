@@ -95,6 +95,7 @@ class _PrefectProgress(Callback):
         self.logger.info(
             "epoch %d/%d: loss %.4f, %.0f triples/s%s",
             stats.epoch, self.total, stats.loss, stats.triples_per_s, extra,
+            extra={"kgpipe_echo": False},  # the CLI shows epochs with its own display
         )  # fmt: skip
 
 

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.schema:
         print(json.dumps(RunConfig.model_json_schema(), indent=2))
         return 0
-    if args.config:
+    if args.config is not None:
         config = load_config(args.config, args.set or [])
         if args.json:
             print(json.dumps(json.loads(config.model_dump_json()), indent=2))

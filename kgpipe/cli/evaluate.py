@@ -7,6 +7,7 @@ import json
 
 from rich.console import Console
 
+from kgpipe.cli.arguments import CHECKPOINT_HELP, checkpoint, positive_int, storage_errors, url
 from kgpipe.cli.output import EvalProgress, print_metrics
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.read import evaluate_run
@@ -16,9 +17,15 @@ HELP = "filtered link-prediction metrics of a trained run"
 
 
 def add_arguments(e: argparse.ArgumentParser) -> None:
-    e.add_argument("run", help="run folder URL")
+    e.add_argument("run", type=url, help="run folder URL")
     e.add_argument("--split", choices=("valid", "test"), default="test")
-    e.add_argument("--batch-size", type=int, default=None, help="queries ranked at once")
+    e.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="queries ranked at once (default: the run's evaluation.batch_size)",
+    )
+    e.add_argument("--checkpoint", type=checkpoint, metavar="best|latest|N", help=CHECKPOINT_HELP)
     e.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -32,12 +39,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if bar is not None:
             bar(done, total)
 
-    results = evaluate_run(
-        args.run, split=args.split, batch_size=args.batch_size, progress=progress
-    )
+    with storage_errors(args.run, "read the run"):
+        results = evaluate_run(
+            args.run,
+            split=args.split,
+            batch_size=args.batch_size,
+            progress=progress,
+            checkpoint=args.checkpoint,
+        )
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print_metrics(console, results, f"{args.split} ({results['triples']} triples, filtered)")
+        model = (
+            f", checkpoint of epoch {results['checkpoint_epoch']}"
+            if "checkpoint_epoch" in results
+            else ""
+        )
+        title = f"{args.split} ({results['triples']} triples, filtered{model})"
+        print_metrics(console, results, title)
         console.print(f"{results['seconds']:.2f} s")
     return 0

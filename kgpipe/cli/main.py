@@ -16,9 +16,9 @@ __all__ = ["build_parser", "main"]
 
 def _commands() -> tuple[ModuleType, ...]:
     # each module: NAME, HELP, add_arguments(parser), run(args, console) -> exit status
-    from kgpipe.cli import config, evaluate, export, ls, predict, train
+    from kgpipe.cli import config, evaluate, export, ls, neighbours, predict, train
 
-    return (train, evaluate, export, predict, ls, config)
+    return (train, evaluate, export, predict, neighbours, ls, config)
 
 
 def _version() -> str:

@@ -2,7 +2,9 @@
 
 The library never imports the Prefect flows. They register themselves as an orchestrator under
 the ``kgpipe.orchestrators`` entry-point group (``pyproject.toml``); an entry point names a
-function ``run(config, *, resume, overwrite, callbacks, log) -> (run URL, results or None)``.
+function ``run(config, *, resume, overwrite, callbacks, log, verbose) -> (run URL, results or
+None)``: ``log`` hears what the user should read (one line each), ``verbose`` asks for the
+orchestrator's own chatter too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Orchestrator(Protocol):
         overwrite: bool,
         callbacks: Sequence[Callback],
         log: Callable[[str], None] | None,
+        verbose: bool = False,
     ) -> tuple[str, dict[str, Any] | None]: ...
 
 

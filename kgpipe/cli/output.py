@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from rich.console import Console
@@ -22,49 +23,84 @@ __all__ = ["EvalProgress", "TrainProgress", "print_metrics"]
 
 
 class TrainProgress(Callback):
-    """A rich progress bar over the run's steps, and one line per epoch."""
+    """One progress display for the whole run, across its segments (each segment starts and
+    ends a trainer: the display outlives them; :meth:`close` ends it).
 
-    def __init__(self, console: Console) -> None:
+    On a terminal: one bar over the run's steps with the epoch, the last epoch's mean loss and
+    the latest valid MRR, and a line above it at each validation. Elsewhere (a log file, CI):
+    plain lines -- at each validation, at the last epoch, and otherwise at most one every
+    ``every_s`` seconds -- so a 100-epoch run is a handful of lines, not a hundred."""
+
+    def __init__(self, console: Console, *, every_s: float = 30.0) -> None:
+        self.console = console
+        self.live = console.is_terminal
+        self.every_s = every_s
         self.progress = Progress(
             TextColumn("[bold]epoch {task.fields[epoch]}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("loss {task.fields[loss]:.4f}"),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[valid]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
             console=console,
             transient=False,
         )
         self.task: Any = None
+        self.started: float | None = None
+        self.last_line = time.monotonic()
+        self.best: tuple[float, int] | None = None
 
     def on_train_start(self, trainer: TrainerView) -> None:
-        self.progress.start()
-        self.task = self.progress.add_task(
-            "train", total=trainer.total_steps, epoch=f"0/{trainer.epochs}", loss=0.0
-        )
-        self.progress.update(self.task, completed=trainer.global_step)
+        if not self.live:
+            if self.started is None:  # the periodic lines count from the first step
+                self.started = self.last_line = time.monotonic()
+            return
+        if self.task is None:
+            self.progress.start()
+            self.task = self.progress.add_task(
+                "train",
+                total=trainer.total_steps,
+                completed=trainer.global_step,
+                epoch=f"{trainer.epoch}/{trainer.epochs}",
+                loss="—",
+                valid="",
+            )
+        else:  # the next segment: the same bar goes on
+            self.progress.update(self.task, total=trainer.total_steps, completed=trainer.global_step)
 
     def on_batch_end(
         self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
     ) -> None:
-        self.progress.update(
-            self.task,
-            completed=trainer.global_step,
-            epoch=f"{epoch}/{trainer.epochs}",
-            loss=loss,
-        )
+        if self.task is not None:
+            self.progress.update(
+                self.task, completed=trainer.global_step, epoch=f"{epoch}/{trainer.epochs}"
+            )
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
-        parts = [
-            f"epoch {stats.epoch}: loss {stats.loss:.4f}",
-            f"{stats.triples_per_s:,.0f} triples/s",
-        ]
-        if "valid_mrr" in stats.extra:
-            parts.append(f"valid MRR {stats.extra['valid_mrr']:.4f}")
-        self.progress.console.log(", ".join(parts))
+        valid = stats.extra.get("valid_mrr")
+        if valid is not None and (self.best is None or valid > self.best[0]):
+            self.best = (float(valid), stats.epoch)
+        line = f"epoch {stats.epoch}/{trainer.epochs}: loss {stats.loss:.4f}"
+        line += f", {stats.triples_per_s:,.0f} triples/s"
+        if valid is not None and self.best is not None:
+            line += f", valid MRR {valid:.4f} (best {self.best[0]:.4f} at epoch {self.best[1]})"
+        if self.task is not None:
+            shown = "" if self.best is None else f"valid MRR {self.best[0]:.4f}"
+            self.progress.update(self.task, loss=f"{stats.loss:.4f}", valid=shown)
+            if valid is not None:
+                self.console.log(line)
+            return
+        now = time.monotonic()
+        if valid is not None or stats.epoch >= trainer.epochs or now - self.last_line >= self.every_s:
+            self.console.log(line)
+            self.last_line = now
 
-    def on_train_end(self, trainer: TrainerView) -> None:
-        self.progress.stop()
+    def close(self) -> None:
+        """End the display (after the run, or when it fails)."""
+        if self.task is not None:
+            self.progress.stop()
+            self.task = None
 
 
 class EvalProgress:

@@ -9,21 +9,29 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from kgpipe.data.dataset import load_dataset
+from kgpipe.cli.arguments import PREFIX_HELP, positive_int, prefix, storage_errors, url
 from kgpipe.errors import KgpipeError
-from kgpipe.runs.read import load_run
+from kgpipe.runs.read import known_triples, load_run
 
 NAME = "predict"
 HELP = "top-scored tails (--head) or heads (--tail)"
 
 
 def add_arguments(q: argparse.ArgumentParser) -> None:
-    q.add_argument("run", help="run folder URL")
-    q.add_argument("--head", help="head entity label: predict tails")
-    q.add_argument("--tail", help="tail entity label: predict heads")
-    q.add_argument("--relation", required=True, help="relation label")
-    q.add_argument("--top", type=int, default=10)
+    q.add_argument("run", type=url, help="run folder URL")
+    q.add_argument("--head", help="head entity label: predict tails (forms: see --prefix)")
+    q.add_argument("--tail", help="tail entity label: predict heads (forms: see --prefix)")
+    q.add_argument("--relation", required=True, help="relation label (forms: see --prefix)")
+    q.add_argument("--top", type=positive_int, default=10, help="answers shown (default 10)")
+    q.add_argument(
+        "--filter-known",
+        action="store_true",
+        help="leave out answers already in the graph (the run's train, valid and test triples)",
+    )
     q.add_argument("--no-known", action="store_true", help="do not mark triples seen in train")
+    q.add_argument(
+        "--prefix", type=prefix, action="append", default=[], metavar="NAME=NS", help=PREFIX_HELP
+    )
     q.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -32,40 +40,54 @@ def run(args: argparse.Namespace, console: Console) -> int:
         raise KgpipeError(
             "give exactly one of --head (to predict tails) or --tail (to predict heads)"
         )
-    loaded = load_run(args.run)
+    with storage_errors(args.run, "read the run"):
+        loaded = load_run(args.run)
     vocab, model = loaded.vocab, loaded.model
-    r = torch.tensor([vocab.relation_id(args.relation)])
+    prefixes = dict(args.prefix)
+    rel = vocab.find_relation(args.relation, prefixes)
+    r = torch.tensor([rel])
     if args.head is not None:
-        anchor = torch.tensor([vocab.entity_id(args.head)])
-        scores = model.score_all_tails(anchor, r)[0]
-        known_col = 2
+        anchor_id = vocab.find_entity(args.head, prefixes)
+        scores = model.score_all_tails(torch.tensor([anchor_id]), r)[0]
+        side, col, other = "tail", 2, 0
+        query = f"({vocab.entities[anchor_id]}, {vocab.relations[rel]}, ?)"
     else:
-        anchor = torch.tensor([vocab.entity_id(args.tail)])
-        scores = model.score_all_heads(r, anchor)[0]
-        known_col = 0
+        anchor_id = vocab.find_entity(args.tail, prefixes)
+        scores = model.score_all_heads(r, torch.tensor([anchor_id]))[0]
+        side, col, other = "head", 0, 2
+        query = f"(?, {vocab.relations[rel]}, {vocab.entities[anchor_id]})"
+
+    def answers(triples: torch.Tensor) -> set[int]:
+        mask = (triples[:, 1] == rel) & (triples[:, other] == anchor_id)
+        return set(triples[mask, col].tolist())
+
+    in_train: set[int] = set()
     known: set[int] = set()
-    if not args.no_known:
-        train = load_dataset(loaded.config.data).train
-        other = 0 if known_col == 2 else 2
-        mask = (train[:, 1] == r) & (train[:, other] == anchor)
-        known = set(train[mask, known_col].tolist())
-    top = torch.topk(scores, min(args.top, scores.numel()))
-    side = "tail" if args.head is not None else "head"
-    query = (
-        f"({args.head}, {args.relation}, ?)"
-        if args.head is not None
-        else f"(?, {args.relation}, {args.tail})"
-    )
-    table = Table(title=f"top {args.top} {side}s for {query}")
+    if args.filter_known or not args.no_known:
+        with storage_errors(args.run, "read the run's staged triples"):
+            staged = known_triples(loaded.store)
+        in_train = answers(staged[0])
+        if args.filter_known:
+            known = set().union(*(answers(t) for t in staged))
+            scores = scores.clone()
+            scores[list(known)] = float("-inf")
+    k = min(args.top, scores.numel() - len(known))
+    top = torch.topk(scores, k)
+    title = f"top {args.top} {side}s for {query}"
+    if args.filter_known:
+        title += f", {len(known)} known left out"
+    table = Table(title=title)
     table.add_column("#", justify="right")
     table.add_column(side)
     table.add_column("score", justify="right")
-    table.add_column("in train")
+    marked = not args.no_known and not args.filter_known  # filtered: none is in train
+    if marked:
+        table.add_column("in train")
     rows = []
     for i, (s, e) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True), 1):
         label = vocab.entities[e]
-        rows.append({"rank": i, side: label, "score": s, "known": e in known})
-        table.add_row(str(i), label, f"{s:.4f}", "yes" if e in known else "")
+        rows.append({"rank": i, side: label, "score": s, "known": e in in_train})
+        table.add_row(str(i), label, f"{s:.4f}", *(["yes" if e in in_train else ""] * marked))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

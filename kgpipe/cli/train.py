@@ -10,6 +10,7 @@ from rich.console import Console
 from kgpipe.cli.orchestrators import NONE, load_orchestrator
 from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics
 from kgpipe.config import load_config
+from kgpipe.errors import ConfigError
 from kgpipe.pipeline import train
 from kgpipe.training.hooks import Callback
 
@@ -43,36 +44,57 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         help=f"the same as --orchestrator {NONE}",
     )
     t.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    t.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="also Prefect's own log lines (task states, ...) and Dask's notices",
+    )
 
 
 def _orchestrator(args: argparse.Namespace) -> str:
     if args.no_prefect:
+        if args.orchestrator not in (None, NONE):
+            raise ConfigError(
+                f"--no-prefect and --orchestrator {args.orchestrator} contradict each other "
+                f"(--no-prefect is --orchestrator {NONE})"
+            )
         return NONE
     return str(args.orchestrator or DEFAULT_ORCHESTRATOR)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
     config = load_config(args.config, args.set or [])
-    callbacks: list[Callback] = [] if args.quiet else [TrainProgress(console)]
+    progress = None if args.quiet else TrainProgress(console)
+    callbacks: list[Callback] = [] if progress is None else [progress]
     log = None if args.quiet else console.log
     t0 = time.perf_counter()
     who = _orchestrator(args)
-    if who == NONE:
-        result = train(
-            config,
-            callbacks=callbacks,
-            overwrite=args.overwrite,
-            resume=args.resume,
-            log=log,
-            eval_progress=None if args.quiet else EvalProgress(console, "test ranking"),
-            holder="kgpipe train",
-        )
-        url, results = result.url, result.results
-    else:
-        orchestrate = load_orchestrator(who)
-        url, results = orchestrate(
-            config, resume=args.resume, overwrite=args.overwrite, callbacks=callbacks, log=log
-        )
+    try:
+        if who == NONE:
+            result = train(
+                config,
+                callbacks=callbacks,
+                overwrite=args.overwrite,
+                resume=args.resume,
+                log=log,
+                eval_progress=None if args.quiet else EvalProgress(console, "test ranking"),
+                holder="kgpipe train",
+            )
+            url, results = result.url, result.results
+        else:
+            orchestrate = load_orchestrator(who)
+            url, results = orchestrate(
+                config,
+                resume=args.resume,
+                overwrite=args.overwrite,
+                callbacks=callbacks,
+                log=log,
+                verbose=args.verbose,
+            )
+    finally:
+        if progress is not None:
+            progress.close()
     if results is not None:
         print_metrics(console, results, f"test ({results['triples']} triples, filtered)")
     console.print(f"run folder: {url}  ({time.perf_counter() - t0:.1f} s)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -18,7 +18,7 @@ from kgpipe.data.io import read_bytes
 from kgpipe.errors import DataError, KgpipeError
 from kgpipe.storage import RetryPolicy, Store
 
-__all__ = ["Vocabulary", "escape_label", "unescape_label"]
+__all__ = ["WELL_KNOWN_PREFIXES", "Vocabulary", "escape_label", "local_name", "unescape_label"]
 
 _ESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
 _ESCAPE_RE = re.compile(r"\\(.?)", re.DOTALL)
@@ -64,16 +64,104 @@ def _index(labels: tuple[str, ...], kind: str) -> dict[str, int]:
     return index
 
 
-def _unknown(kind: str, label: str, labels: tuple[str, ...]) -> KgpipeError:
-    candidates: Iterable[str] = labels
-    if len(labels) > _HINT_CANDIDATES:  # keep the hint cheap on very large vocabularies
-        n = len(label)
-        head = label[:1]
-        candidates = [x for x in labels if abs(len(x) - n) <= 2 and x[:1] == head]
-        candidates = candidates[:_HINT_CANDIDATES]
-    close = difflib.get_close_matches(label, list(candidates), n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return KgpipeError(f"unknown {kind} {label!r}{hint}")
+#: prefixes that a prefixed name (``rdfs:label``) may use without declaring them
+WELL_KNOWN_PREFIXES: Mapping[str, str] = {
+    "rdf": "http://www.w3.org/1999/02/22-rdf-syntax-ns#",
+    "rdfs": "http://www.w3.org/2000/01/rdf-schema#",
+    "owl": "http://www.w3.org/2002/07/owl#",
+    "xsd": "http://www.w3.org/2001/XMLSchema#",
+    "skos": "http://www.w3.org/2004/02/skos/core#",
+    "foaf": "http://xmlns.com/foaf/0.1/",
+    "dcterms": "http://purl.org/dc/terms/",
+}
+_SEPARATORS = "/#:"
+_PREFIXED = re.compile(r"([A-Za-z][\w.-]*):([^/#:]+)")
+_SHOWN = 3
+
+
+def local_name(label: str) -> str:
+    """The part of ``label`` after its last ``/``, ``#`` or ``:`` (the whole label if none):
+    ``term6`` of ``http://example.org/ns#term6``."""
+    return label[max(label.rfind(c) for c in _SEPARATORS) + 1 :]
+
+
+def _quoted(labels: Sequence[str], more: int = 0, conj: str = "or") -> str:
+    shown = [repr(x) for x in labels]
+    text = shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} {conj} {shown[-1]}"
+    return f"{text} (and {more} more)" if more else text
+
+
+def _closest(text: str, labels: Sequence[str]) -> list[str]:
+    """Up to three labels closest to ``text`` (difflib). A text without ``/`` or ``#`` is compared
+    with the labels' local names (an IRI's last segment), anything else with whole labels."""
+    by_local = not any(c in text for c in "/#")
+    query = local_name(text) if by_local else text
+    keyed: dict[str, list[str]] = {}
+    for label in labels:
+        keyed.setdefault(local_name(label) if by_local else label, []).append(label)
+    keys: Iterable[str] = keyed
+    if len(keyed) > _HINT_CANDIDATES:  # keep the hint cheap on very large vocabularies
+        n, head = len(query), query[:1]
+        keys = [x for x in keyed if abs(len(x) - n) <= 2 and x[:1] == head][:_HINT_CANDIDATES]
+    close = difflib.get_close_matches(query, list(keys), n=_SHOWN, cutoff=0.6)
+    return [label for key in close for label in keyed[key]][:_SHOWN]
+
+
+def _unknown(kind: str, label: str, labels: Sequence[str], also: str = "") -> KgpipeError:
+    close = _closest(label, labels)
+    hint = f"; did you mean {_quoted(close)}?" if close else ""
+    return KgpipeError(f"unknown {kind} {label!r}{also}{hint}")
+
+
+def _ambiguous(kind: str, text: str, found: Sequence[str]) -> KgpipeError:
+    more = len(found) - _SHOWN if len(found) > _SHOWN else 0
+    return KgpipeError(
+        f"{kind} {text!r} is ambiguous: {len(found)} labels end with it, "
+        f"{_quoted(found[:_SHOWN], more, 'and')}; give more of the label"
+    )
+
+
+def _find(
+    kind: str,
+    text: str,
+    labels: tuple[str, ...],
+    index: Mapping[str, int],
+    prefixes: Mapping[str, str] | None,
+) -> int:
+    """The id of the label ``text`` names; see :meth:`Vocabulary.find_entity`."""
+    if text in index:
+        return index[text]
+    bare = text[1:-1] if len(text) > 2 and text[0] == "<" and text[-1] == ">" else text
+    if bare in index:
+        return index[bare]
+    m = _PREFIXED.fullmatch(bare)
+    if m is not None:
+        prefix, local = m.groups()
+        namespace = {**WELL_KNOWN_PREFIXES, **(prefixes or {})}.get(prefix)
+        if namespace is not None and namespace + local in index:
+            return index[namespace + local]
+        same = [x for x in labels if len(x) > len(local) and local_name(x) == local]
+        found = [x for x in same if local_name(x[: -len(local) - 1]) == prefix]
+        if len(found) == 1:
+            return index[found[0]]
+        if found:
+            raise _ambiguous(kind, text, found)
+        if namespace is not None:
+            raise _unknown(kind, text, labels, f" (= {namespace + local!r})")
+        if same:
+            named = _quoted(same[:_SHOWN], max(0, len(same) - _SHOWN), "and")
+            raise KgpipeError(
+                f"unknown prefix {prefix!r} in {kind} {text!r}: declare it with --prefix "
+                f"{prefix}=NAMESPACE (N-Triples declare none) or name the label by its end; "
+                f"labels named {local!r}: {named}"
+            )
+    n = len(bare)
+    found = [x for x in labels if len(x) > n > 0 and x.endswith(bare) and x[-n - 1] in _SEPARATORS]
+    if len(found) == 1:
+        return index[found[0]]
+    if found:
+        raise _ambiguous(kind, text, found)
+    raise _unknown(kind, text, labels)
 
 
 @dataclass(frozen=True)
@@ -143,6 +231,23 @@ class Vocabulary:
             return self.relation_index[label]
         except KeyError:
             raise _unknown("relation", label, self.relations) from None
+
+    def find_entity(self, text: str, prefixes: Mapping[str, str] | None = None) -> int:
+        """The id of the entity that ``text`` names, for people typing labels.
+
+        In order: the exact label; the label inside ``<...>``; a prefixed name ``p:local`` --
+        ``p`` one of ``prefixes`` (``{"ex": "http://example.org/ns#"}``) or of
+        :data:`WELL_KNOWN_PREFIXES`, else the last path segment of the label's namespace
+        (``ns:term6`` for ``http://example.org/ns#term6``); the one label that ends with ``text``
+        right after a ``/``, ``#`` or ``:`` (``term6``, ``ns#term6``). Nothing found, or several,
+        raises a one-line :class:`~kgpipe.errors.KgpipeError` naming the closest labels or the
+        candidates.
+        """
+        return _find("entity", text, self.entities, self.entity_index, prefixes)
+
+    def find_relation(self, text: str, prefixes: Mapping[str, str] | None = None) -> int:
+        """The id of the relation that ``text`` names; as :meth:`find_entity`."""
+        return _find("relation", text, self.relations, self.relation_index, prefixes)
 
     def write(
         self,

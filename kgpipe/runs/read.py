@@ -1,24 +1,42 @@
-"""Reading finished runs back: config, vocabulary, model; evaluating them again."""
+"""Reading finished runs back: config, vocabulary, model (the final one or a committed
+checkpoint's), the staged triples; evaluating them again."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+import torch
 import yaml
+from torch import Tensor
 
+from kgpipe.checkpoint import Checkpoint, CheckpointStore
 from kgpipe.config import RunConfig, clean_storage_options, parse_config
 from kgpipe.data.dataset import load_dataset
+from kgpipe.data.shards import MANIFEST, read_manifest, read_shards
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn
 from kgpipe.export import load_model
 from kgpipe.models.model import KGEModel
 from kgpipe.runs.finish import test_results
-from kgpipe.runs.folder import CONFIG, VOCAB
+from kgpipe.runs.folder import CONFIG, DATA, TEST_IDS, VALID_IDS, VOCAB, load_ids
 from kgpipe.storage import Store
 
-__all__ = ["LoadedRun", "evaluate_run", "load_run", "open_run"]
+__all__ = [
+    "CheckpointChoice",
+    "LoadedRun",
+    "evaluate_run",
+    "known_triples",
+    "load_run",
+    "open_run",
+    "select_checkpoint",
+]
+
+#: which model of a run to read: ``None`` the final ``model.safetensors``, ``"best"`` the
+#: committed checkpoint with the best validation MRR, ``"latest"`` the newest committed one, an
+#: ``int`` the committed checkpoint of that epoch
+CheckpointChoice = Literal["best", "latest"] | int | None
 
 
 @dataclass
@@ -30,6 +48,7 @@ class LoadedRun:
     config: RunConfig
     vocab: Vocabulary
     model: KGEModel
+    checkpoint: Checkpoint | None = None  # where the model came from, if not model.safetensors
 
 
 def open_run(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Store, RunConfig]:
@@ -53,12 +72,74 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> tuple[S
     return store, parse_config(raw, source=store.url_of(CONFIG))
 
 
-def load_run(url: str, storage_options: dict[str, Any] | None = None) -> LoadedRun:
-    """Read a finished run: config, vocabulary and trained model."""
+def load_run(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    checkpoint: CheckpointChoice = None,
+) -> LoadedRun:
+    """Read a finished run: config, vocabulary and trained model -- the final one, or that of a
+    committed checkpoint (see :data:`CheckpointChoice`)."""
     store, config = open_run(url, storage_options)
     vocab = Vocabulary.read(store.url_of(VOCAB), storage_options)
-    model = load_model(store)
-    return LoadedRun(url, store, config, vocab, model)
+    if checkpoint is None:
+        return LoadedRun(url, store, config, vocab, load_model(store))
+    checkpoints = CheckpointStore(store)
+    chosen = select_checkpoint(checkpoints, checkpoint)
+    state = checkpoints.load(chosen)
+    model = KGEModel.build(
+        config.model,
+        num_entities=vocab.num_entities,
+        num_relations=vocab.num_relations,
+        seed=config.run.seed,
+    )
+    for name, table in (("entity", model.entity), ("relation", model.relation)):
+        found = state.tables.get(name)
+        if found is None or found.shape != table.shape:
+            shape = "missing" if found is None else tuple(found.shape)
+            raise RunError(
+                f"{chosen.url}: its {name} table ({shape}) does not fit the run's model "
+                f"({tuple(table.shape)})"
+            )
+        with torch.no_grad():
+            table.copy_(found)
+    return LoadedRun(url, store, config, vocab, model, chosen)
+
+
+def select_checkpoint(
+    checkpoints: CheckpointStore, which: Literal["best", "latest"] | int
+) -> Checkpoint:
+    """The committed checkpoint ``which`` names; a :class:`RunError` listing the committed
+    epochs if there is none."""
+    url = checkpoints.store.url
+    committed = checkpoints.committed()
+    epochs = ", ".join(str(c.epoch) for c in committed)
+    if not committed:
+        raise RunError(f"{url}: the run has no committed checkpoint")
+    if which == "latest":
+        return committed[-1]
+    if which == "best":
+        best = checkpoints.best()
+        if best is None:
+            raise RunError(
+                f"{url}: no committed checkpoint has a validation MRR (evaluation.every was 0); "
+                f"committed epochs: {epochs}"
+            )
+        return best
+    for ckpt in committed:
+        if ckpt.epoch == which:
+            return ckpt
+    raise RunError(f"{url}: no committed checkpoint of epoch {which}; committed epochs: {epochs}")
+
+
+def known_triples(store: Store) -> list[Tensor]:
+    """The staged train, valid and test id triples of the run folder at ``store`` (what a
+    filtered ranking calls the known facts)."""
+    if not (store.exists(DATA) and store.exists(MANIFEST)):
+        raise RunError(f"{store.url}: the run's data is not staged")
+    manifest = read_manifest(store)
+    train = read_shards(store, manifest, list(range(manifest.num_shards)))
+    return [train, load_ids(store, VALID_IDS), load_ids(store, TEST_IDS)]
 
 
 def evaluate_run(
@@ -68,9 +149,13 @@ def evaluate_run(
     batch_size: int | None = None,
     storage_options: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
+    checkpoint: CheckpointChoice = None,
 ) -> dict[str, Any]:
-    """Re-read a run's data and evaluate its model on ``split`` (``valid`` or ``test``)."""
-    run = load_run(url, storage_options)
+    """Re-read a run's data and evaluate its model on ``split`` (``valid`` or ``test``): the
+    final model, or that of a committed checkpoint (then ``checkpoint_epoch`` says which)."""
+    if batch_size is not None and batch_size < 1:
+        raise RunError(f"batch_size must be a positive number, not {batch_size}")
+    run = load_run(url, storage_options, checkpoint=checkpoint)
     dataset = load_dataset(run.config.data)
     if dataset.vocab != run.vocab:
         raise RunError(
@@ -89,4 +174,7 @@ def evaluate_run(
     index = FilterIndex.from_triples(
         [dataset.train, dataset.valid, dataset.test], dataset.num_relations
     )
-    return test_results(cfg, run.model, triples, index, split, progress)
+    results = test_results(cfg, run.model, triples, index, split, progress)
+    if run.checkpoint is not None:
+        results["checkpoint_epoch"] = run.checkpoint.epoch
+    return results
