@@ -9,15 +9,22 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
-from flows.train import train_kge
+from flows.train import flow_config, train_kge
 from kgpipe.config import RunConfig
 from tasks.retrain import find_previous, fingerprint_source, record_latest
 
 
 @flow(name="retrain-kge", log_prints=True, validate_parameters=True)
-def retrain_kge(config: RunConfig, force: bool = False) -> State[Any]:
-    """Retrain the series ``config.run.name`` (runs are named ``{series}-{UTC timestamp}``)."""
+def retrain_kge(
+    config: RunConfig | None = None,
+    config_url: str | None = None,
+    overrides: list[str] | None = None,
+    force: bool = False,
+) -> State[Any]:
+    """Retrain the series ``config.run.name`` (runs are named ``{series}-{UTC timestamp}``).
+    The config is ``config`` or ``config_url`` plus ``overrides``, as for ``train-kge``."""
     logger = get_run_logger()
+    config = flow_config(config, config_url, overrides, log=logger.info)
     series = config.run.name or f"{config.model.name}-{config.data.dataset or 'graph'}"
     fingerprint = fingerprint_source(config)
     previous = find_previous(config, series)

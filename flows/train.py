@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect import Flow, flow, get_run_logger
 from prefect.settings import PREFECT_API_URL
 
+from flows.params import deployment_defaults, resolve_config
 from kgpipe.config import RunConfig
+from kgpipe.errors import ConfigError
 from kgpipe.launch.dask import open_run_cluster
 from kgpipe.runs.folder import RunFolder, run_store
 from kgpipe.runs.lease import check_holder
@@ -26,13 +28,14 @@ from kgpipe.runs.stage import run_lease
 from kgpipe.training.hooks import Callback
 from tasks.kge import (
     evaluate_and_export,
+    new_metrics_table,
     new_progress,
     publish_report,
     stage_data,
     train_segment,
 )
 
-__all__ = ["build_train_flow", "train_kge"]
+__all__ = ["build_train_flow", "flow_config", "train_kge"]
 
 
 def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, Any]]:
@@ -41,7 +44,9 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
 
     @flow(name="train-kge", log_prints=True, validate_parameters=True)
     def train_kge(
-        config: RunConfig,
+        config: RunConfig | None = None,
+        config_url: str | None = None,
+        overrides: list[str] | None = None,
         resume: bool = True,
         warm_start: str | None = None,
         previous: dict[str, Any] | None = None,
@@ -51,10 +56,14 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         """Train ``config`` end to end. With ``resume`` (default) a run folder of the same name
         continues from its latest committed checkpoint, so a crashed flow run is simply run
         again; ``overwrite`` replaces it instead. The flow takes the run folder's lease (one
-        writer per run folder) unless its caller holds it already (``lease``: its ``NUMBER/TOKEN``)."""
+        writer per run folder) unless its caller holds it already (``lease``: its ``NUMBER/TOKEN``).
+
+        Instead of ``config``: ``config_url``, a config file (relative to the flow run's working
+        directory, or any fsspec URL). ``overrides`` (``key.path=value``, as ``kgpipe train
+        --set``) apply to either; a bad file, key or value fails the run before any work."""
         t0 = time.perf_counter()
         logger = get_run_logger()
-        config = config.with_run_name()
+        config = flow_config(config, config_url, overrides, log=logger.info).with_run_name()
         with contextlib.ExitStack() as held:
             if lease is None:  # a second flow run of the same run.name is refused here
                 number = held.enter_context(run_lease(config, holder=_holder())).number
@@ -83,6 +92,21 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
     return train_kge
 
 
+def flow_config(
+    config: RunConfig | None,
+    config_url: str | None,
+    overrides: Sequence[str] | None,
+    *,
+    log: Callable[[str], None] | None = None,
+) -> RunConfig:
+    """The flow run's config from its parameters (:func:`flows.params.resolve_config`); a
+    config error is raised as one line, the flow run's state message."""
+    try:
+        return resolve_config(config, config_url, overrides, defaults=deployment_defaults, log=log)
+    except ConfigError as err:
+        raise ConfigError(" ".join(str(err).split())) from None
+
+
 def _holder() -> str:
     """This flow run, as a second writer of its run folder is told."""
     from prefect.runtime import flow_run
@@ -100,6 +124,7 @@ def _train_and_finish(
     """Cluster -> [train segment -> commit]* -> test -> export -> report (under the lease)."""
     logger = get_run_logger()
     progress = new_progress(run)
+    metrics = new_metrics_table(run)  # one table per flow run, updated after each segment
     dashboard: str | None = None
     with contextlib.ExitStack() as stack:
         address: str | None = None
@@ -118,8 +143,9 @@ def _train_and_finish(
 
         def segment(until: int) -> SegmentResult:
             result = train_segment(
-                run, until, address, state["restarts"], progress, callbacks=callbacks
-            )
+                run, until, address, state["restarts"], progress,
+                callbacks=callbacks, metrics_id=metrics,
+            )  # fmt: skip
             state["restarts"] = result.restarts
             return result
 

@@ -7,6 +7,7 @@ timeouts, and no caching (every task here has side effects in the run folder).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.events import emit_event
 
 from kgpipe.config import RunConfig
@@ -26,8 +29,8 @@ from kgpipe.launch.dask import connect
 from kgpipe.pipeline import make_launcher
 from kgpipe.runs.finish import finish_run
 from kgpipe.runs.folder import CURVES, REPORT, RunFolder
-from kgpipe.runs.report import curve_png, markdown_report
-from kgpipe.runs.segments import SegmentResult
+from kgpipe.runs.report import curve_png, markdown_report, metrics_table
+from kgpipe.runs.segments import SegmentResult, committed_history
 from kgpipe.runs.stage import prepare_run
 from kgpipe.storage import is_transient
 from kgpipe.training.hooks import Callback, TrainerView
@@ -36,6 +39,7 @@ from kgpipe.training.records import EpochStats
 __all__: Sequence[str] = [
     "STORAGE_RETRY",
     "evaluate_and_export",
+    "new_metrics_table",
     "new_progress",
     "publish_report",
     "stage_data",
@@ -76,7 +80,12 @@ def stage_data(
     """Validate the input, write vocabulary and shards; or reuse a run folder's staged data."""
     logger = get_run_logger()
     return prepare_run(
-        config, resume=resume, overwrite=overwrite, warm_start=warm_start, log=logger.info
+        config,
+        resume=resume,
+        overwrite=overwrite,
+        warm_start=warm_start,
+        log=logger.info,
+        warn=logger.warning,  # e.g. no validation data: a WARNING in the UI and on the console
     )
 
 
@@ -107,10 +116,13 @@ def train_segment(
     restarts: int = 0,
     progress_id: Any = None,
     callbacks: Sequence[Callback] = (),
+    metrics_id: Any = None,
 ) -> SegmentResult:
     """Train from the latest committed checkpoint to epoch ``until`` (a gang on the cluster at
     ``address``, relaunched from checkpoints after faults; else in this process); the
-    segment's last epoch is committed. ``callbacks`` are the caller's (the CLI's progress)."""
+    segment's last epoch is committed. ``callbacks`` are the caller's (the CLI's progress).
+    The run's metrics table (``metrics_id``, from :func:`new_metrics_table`; a new one
+    without) then shows every epoch so far."""
     logger = get_run_logger()
     ours: list[Callback] = [_PrefectProgress(progress_id, run.config.training.epochs)]
     before = {c.epoch for c in run.checkpoints().committed()}
@@ -139,11 +151,13 @@ def train_segment(
                 resource={"prefect.resource.id": f"kgpipe.run.{run.config.run.name}"},
                 payload={"epoch": ckpt.epoch, "checkpoint": ckpt.url, "valid_mrr": ckpt.valid_mrr},
             )
-    create_table_artifact(
-        key=_key(run, "metrics"),
-        table=[_row(h) for h in result.history],
-        description=f"Per-epoch metrics of {run.config.run.name} (after epoch {result.epoch})",
-    )
+    try:  # the table is for reading: a failed update must not fail the trained segment
+        if metrics_id is None:
+            new_metrics_table(run, result.history)
+        else:
+            update_metrics_table(metrics_id, result.history)
+    except Exception as err:
+        logger.warning("metrics table not updated: %s", err)
     return result
 
 
@@ -166,15 +180,22 @@ def publish_report(
     previous: dict[str, Any] | None = None,
     dashboard: str | None = None,
 ) -> str:
-    """The end-of-run markdown report (with the loss/MRR curve, also written to the run folder)."""
+    """The end-of-run markdown report and its loss/MRR curve: ``report.md`` beside
+    ``curves.png`` in the run folder (linked), and a markdown artifact with the curve inlined
+    (the Prefect UI cannot reach the run folder)."""
     png = curve_png(history)
     run.store.write_bytes(CURVES, png)
-    text = markdown_report(
-        run, results, history, seconds=seconds, previous=previous, png=png, dashboard=dashboard
-    )
-    run.store.write_text(REPORT, text)
+
+    def report(**curve: Any) -> str:
+        return markdown_report(
+            run, results, history, seconds=seconds, previous=previous, dashboard=dashboard, **curve
+        )
+
+    run.store.write_text(REPORT, report(curve=CURVES))
     create_markdown_artifact(
-        key=_key(run, "report"), markdown=text, description=f"kgpipe report: {run.config.run.name}"
+        key=_key(run, "report"),
+        markdown=report(png=png),
+        description=f"kgpipe report: {run.config.run.name}",
     )
     return run.store.url_of(REPORT)
 
@@ -187,13 +208,26 @@ def new_progress(run: RunFolder) -> Any:
     )
 
 
+def new_metrics_table(run: RunFolder, history: Sequence[dict[str, Any]] | None = None) -> Any:
+    """The run's per-epoch metrics table (one per flow run; its segments update it): the
+    committed epochs so far (a resumed run's), or ``history``. Returns the artifact's id."""
+    rows = metrics_table(committed_history(run) if history is None else history)
+    return create_table_artifact(
+        key=_key(run, "metrics"),
+        table=rows,
+        description=f"Per-epoch metrics of {run.config.run.name}",
+    )
+
+
+def update_metrics_table(artifact_id: Any, history: Sequence[dict[str, Any]]) -> None:
+    """Replace the rows of the metrics table ``artifact_id`` (the artifact keeps its id and
+    key: the UI shows one table that grows, not one table per segment)."""
+    data = json.dumps(metrics_table(history))  # what create_table_artifact stores
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id=artifact_id, artifact=ArtifactUpdate(data=data))
+
+
 def _key(run: RunFolder, what: str) -> str:
     """Artifact keys: lowercase letters, digits and dashes only."""
     name = "".join(c if c.isalnum() else "-" for c in (run.config.run.name or "run").lower())
     return f"kgpipe-{name}-{what}"[:120].strip("-")
-
-
-def _row(h: dict[str, Any]) -> dict[str, Any]:
-    keys = ("epoch", "loss", "triples_per_s", "seconds", "valid_mrr", "valid_hits@10",
-            "world_size", "bytes_sent", "restarts")  # fmt: skip
-    return {k: (round(h[k], 6) if isinstance(h[k], float) else h[k]) for k in keys if k in h}

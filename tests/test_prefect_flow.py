@@ -34,6 +34,16 @@ def _artifacts(run_id: str) -> list[Any]:
         )
 
 
+def _artifacts_with_key(key: str) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as c:
+        return list(
+            c.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+        )
+
+
 @pytest.mark.slow
 def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: Path) -> None:
     server = prefect_env
@@ -62,9 +72,21 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
                 "evaluation": {"every": 3},
             },
         }  # fmt: skip
+        # `config` in the run's parameters; the deployment's default config_url gives way
         out = subprocess.run(
             [str(BIN / "prefect"), "deployment", "run", "train-kge/train",
              "--params", json.dumps(params), "--watch", "--watch-timeout", "600"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=700,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        # a config file of the checkout (relative to the worker's directory) and overrides
+        overrides = ["model.dim=64", "training.epochs=2", f"run.root={tmp_path / 'runs'}",
+                     "run.name=from-url"]  # fmt: skip
+        out = subprocess.run(
+            [str(BIN / "prefect"), "deployment", "run", "train-kge/train",
+             "--param", "config_url=configs/umls-complex.yaml",
+             "--param", f"overrides={json.dumps(overrides)}",
+             "--watch", "--watch-timeout", "600"],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=700,
         )  # fmt: skip
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -84,8 +106,24 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
     with get_client(sync_client=True) as c:
         assert str(c.api_url).rstrip("/") == server.api_url
         runs = c.read_flow_runs()
-        flow_run = next(r for r in runs if r.deployment_id is not None)
-        assert flow_run.state is not None and flow_run.state.is_completed()
+        deployed = [r for r in runs if r.deployment_id is not None and r.state_name != "Scheduled"]
+        assert len(deployed) == 2  # (besides the nightly schedule's runs)
+        assert all(r.state is not None and r.state.is_completed() for r in deployed)
+        flow_run = next(r for r in deployed if "config" in r.parameters)
+    from_url = tmp_path / "runs" / "from-url"
+    assert "dim: 64" in (from_url / "config.yaml").read_text()
+    assert "epochs: 2" in (from_url / "config.yaml").read_text()
+    entity = load_file(from_url / "model.safetensors")["entity"]
+    assert entity.shape[0] == 135 and entity.shape[1] in (64, 128)  # complex: 2 x dim reals
+    assert json.loads((from_url / "results.json").read_text())["training"]["epochs"] == 2
+
+    # one metrics table per run, every row with the validation columns
+    tables = _artifacts_with_key("kgpipe-deployed-metrics")
+    assert len(tables) == 1, [(a.id, a.created) for a in tables]
+    rows = json.loads(tables[0].data)
+    assert [r["epoch"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert all({"valid_mrr", "valid_hits@10", "lr", "loss"} <= set(r) for r in rows), rows
+    assert [r["valid_mrr"] is not None for r in rows] == [False, False, True] * 2
     arts = _artifacts(str(flow_run.id))
     keys = {a.key for a in arts}
     assert {"kgpipe-deployed-progress", "kgpipe-deployed-metrics", "kgpipe-deployed-report"} <= keys
@@ -94,6 +132,9 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
     report = next(a for a in arts if a.key == "kgpipe-deployed-report")
     assert "mrr" in report.data and "data:image/png;base64," in report.data
     assert (run_dir / "curves.png").stat().st_size > 1000
+    on_disk = (run_dir / "report.md").read_text()
+    assert "](curves.png)" in on_disk and "base64" not in on_disk
+    assert "| dim | 64 |" in report.data and "best validation: epoch" in report.data
 
     # the run and its artifacts in the Prefect UI (headless Chromium)
     if find_chromium() is None:
@@ -109,9 +150,13 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
         assert key in html, key
     html2, png2 = render_page(f"{server.ui_url}/artifacts/artifact/{report.id}", ui, name="report")
     assert "kgpipe-deployed-report" in html2 and "deployed" in html2
+    html3, png3 = render_page(
+        f"{server.ui_url}/artifacts/artifact/{tables[0].id}", ui, name="metrics"
+    )
+    assert "valid_mrr" in html3 and "valid_hits@10" in html3  # columns of the table
     keep = REPO / "tests" / "screenshots"
     keep.mkdir(exist_ok=True)
-    for p in (png, png2):
+    for p in (png, png2, png3):
         shutil.copy(p, keep / p.name)
     print(f"Prefect UI screenshots: {keep}")
 
@@ -210,6 +255,33 @@ def test_flow_parameters_never_hold_credentials(prefect_env: PrefectServer, tmp_
     recorded = json.dumps(flow_run.parameters)
     assert secret not in recorded and "***redacted***" in recorded
     assert secret not in (tmp_path / "creds" / "config.yaml").read_text()
+
+
+@pytest.mark.slow
+def test_a_bad_override_fails_the_flow_run_before_staging(
+    prefect_env: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.train import train_kge
+    from kgpipe.config import parse_config
+
+    monkeypatch.chdir(REPO)
+    root = tmp_path / "runs"
+    state = train_kge(
+        config_url="configs/umls-complex.yaml",
+        overrides=[f"run.root={root}", "run.name=bad", "model.dimm=64"],
+        return_state=True,
+    )
+    assert state.is_failed()
+    assert state.message is not None and "model.dimm: unknown key" in state.message
+    assert "\n" not in str(state.message)
+    assert not root.exists()  # nothing staged, no lease taken
+    both = train_kge(
+        parse_config({"data": {"dataset": "umls"}, "run": {"root": str(root)}}),
+        config_url="configs/umls-complex.yaml",
+        return_state=True,
+    )
+    assert both.is_failed() and "not both" in str(both.message)
+    assert not root.exists()
 
 
 def test_task_retry_condition_retries_transient_faults_only() -> None:

@@ -67,7 +67,9 @@ class TrainProgress(Callback):
                 valid="",
             )
         else:  # the next segment: the same bar goes on
-            self.progress.update(self.task, total=trainer.total_steps, completed=trainer.global_step)
+            self.progress.update(
+                self.task, total=trainer.total_steps, completed=trainer.global_step
+            )
 
     def on_batch_end(
         self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
@@ -92,7 +94,11 @@ class TrainProgress(Callback):
                 self.console.log(line)
             return
         now = time.monotonic()
-        if valid is not None or stats.epoch >= trainer.epochs or now - self.last_line >= self.every_s:
+        if (
+            valid is not None
+            or stats.epoch >= trainer.epochs
+            or now - self.last_line >= self.every_s
+        ):
             self.console.log(line)
             self.last_line = now
 

@@ -1,0 +1,76 @@
+"""The config parameters of the flows: a typed ``config`` (the Prefect UI's form) or a
+``config_url`` (a YAML file: a path relative to the flow run's working directory -- the
+checkout, for the deployments of ``prefect.yaml`` -- or any fsspec URL), plus ``overrides``:
+``key.path=value`` strings, as ``kgpipe train --set`` takes them.
+
+Exactly one of ``config`` and ``config_url`` is given. One exception, so that a deployment's
+default does not get in the way of the run's own choice: when a deployment run has both and one
+of them is only the deployment's default (``config_url: configs/umls-complex.yaml`` of the
+``train`` deployment), the one given for the run is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from kgpipe.config import RunConfig, apply_overrides, load_config, parse_config
+from kgpipe.errors import ConfigError
+
+__all__ = ["deployment_defaults", "resolve_config"]
+
+
+def resolve_config(
+    config: RunConfig | None,
+    config_url: str | None,
+    overrides: Sequence[str] | None = None,
+    *,
+    defaults: Mapping[str, Any] | Callable[[], Mapping[str, Any]] = dict,
+    log: Callable[[str], None] | None = None,
+) -> RunConfig:
+    """The run's config from the flow's parameters, validated; a bad file, key or value raises
+    :class:`~kgpipe.errors.ConfigError` (before any work). ``defaults``: the deployment's
+    default parameters (or a function that reads them: called only when both are given)."""
+    if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides or ()):
+        raise ConfigError("overrides: expected a list of key.path=value strings")
+    overrides = list(overrides or ())
+    if config is not None and config_url:
+        found = defaults() if callable(defaults) else defaults
+        if "config_url" in found and "config" not in found:
+            dropped = f"config_url={config_url} (the deployment's default)"
+            config_url = None
+        elif "config" in found and "config_url" not in found:
+            dropped = "config (the deployment's default)"
+            config = None
+        else:
+            raise ConfigError(
+                "give either config or config_url, not both (config_url: a config file; "
+                "overrides apply to either)"
+            )
+        if log is not None:
+            log(f"using the {'config' if config is not None else 'config_url'} given for this "
+                f"run, not {dropped}")  # fmt: skip
+    if config_url:
+        return load_config(config_url, overrides)
+    if config is None:
+        raise ConfigError(
+            "no config: give config_url (a config file, e.g. configs/umls-complex.yaml) or "
+            "config (the whole config)"
+        )
+    if not overrides:
+        return config
+    # python mode keeps the storage credentials (JSON mode redacts them)
+    return parse_config(apply_overrides(config.model_dump(), overrides), source="config")
+
+
+def deployment_defaults() -> dict[str, Any]:
+    """The default parameters of the deployment this flow run belongs to ({} outside one)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import deployment
+
+    if deployment.id is None:
+        return {}
+    with get_client(sync_client=True) as client:
+        return dict(client.read_deployment(UUID(str(deployment.id))).parameters or {})
