@@ -48,7 +48,7 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         "-v",
         "--verbose",
         action="store_true",
-        help="also Prefect's own log lines (task states, ...) and Dask's notices",
+        help="also Prefect's own log lines (task states, ...; always in the Prefect UI)",
     )
 
 
