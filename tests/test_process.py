@@ -88,16 +88,24 @@ def test_the_cap_is_torchs_own_default(threads: object) -> None:
 
 @pytest.mark.skipif(cpu_sample() is None, reason="needs /proc/stat")
 def test_a_busy_neighbour_takes_a_thread_and_gives_it_back(threads: object) -> None:
-    """On the real machine: a busy single-threaded process next to us takes one of our cores."""
+    """On the real machine: a busy single-threaded process next to us takes one of our cores,
+    and gives it back when it ends. Measured against what the governor uses before, so that
+    the suite passes on a machine doing other work too (it assumed an idle one: it failed
+    while CI ran beside it); on a machine with no core to spare the effect cannot show."""
     gov = ThreadGovernor(interval_s=0.3).start()
     if gov.cap < 2 or gov.cap < available_cores():
         pytest.skip("needs torch to use every core by default, and 2 of them")
+    _settle(gov, 1.5)
+    before = gov.threads
+    if before < 2:
+        pytest.skip("the machine is busy already: no thread to give up (fake load tests above)")
     busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         _settle(gov, 2.0)
-        assert gov.threads == gov.cap - 1
+        during = gov.threads
+        assert during < before
     finally:
         busy.kill()
         busy.wait()
     _settle(gov, 1.5)
-    assert gov.threads == gov.cap
+    assert gov.threads > during
