@@ -146,7 +146,8 @@ def run(
         from flows.train import build_train_flow
 
         flow = build_train_flow(callbacks)
-        with _echo(log):
+        # with verbose, Prefect's console prints kgpipe's lines itself: no echo as well
+        with _echo(None if verbose else log):
             summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.handle)
     store = run_store(config)
     results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None

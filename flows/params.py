@@ -5,8 +5,9 @@ checkout, for the deployments of ``prefect.yaml`` -- or any fsspec URL), plus ``
 
 Exactly one of ``config`` and ``config_url`` is given. One exception, so that a deployment's
 default does not get in the way of the run's own choice: when a deployment run has both and one
-of them is only the deployment's default (``config_url: configs/umls-complex.yaml`` of the
-``train`` deployment), the one given for the run is used.
+of them *equals* the deployment's default (``config_url: configs/umls-complex.yaml`` of the
+``train`` deployment) while the other does not, the other -- the one given for the run -- is
+used. Both given for the run (neither equal to its default) is refused.
 """
 
 from __future__ import annotations
@@ -36,10 +37,12 @@ def resolve_config(
     overrides = list(overrides or ())
     if config is not None and config_url:
         found = defaults() if callable(defaults) else defaults
-        if "config_url" in found and "config" not in found:
+        url_is_default = found.get("config_url") == config_url
+        config_is_default = _same_config(found.get("config"), config)
+        if url_is_default and not config_is_default:
             dropped = f"config_url={config_url} (the deployment's default)"
             config_url = None
-        elif "config" in found and "config_url" not in found:
+        elif config_is_default and not url_is_default:
             dropped = "config (the deployment's default)"
             config = None
         else:
@@ -61,6 +64,16 @@ def resolve_config(
         return config
     # python mode keeps the storage credentials (JSON mode redacts them)
     return parse_config(apply_overrides(config.model_dump(), overrides), source="config")
+
+
+def _same_config(default: Any, config: RunConfig) -> bool:
+    """Whether ``config`` is the deployment's default ``config`` parameter (given as data)."""
+    if not isinstance(default, Mapping):
+        return False
+    try:
+        return parse_config(default, source="the deployment's config") == config
+    except ConfigError:
+        return False
 
 
 def deployment_defaults() -> dict[str, Any]:

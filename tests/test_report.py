@@ -155,7 +155,15 @@ def test_exactly_one_of_config_and_config_url(monkeypatch: pytest.MonkeyPatch) -
     got = _resolve(base, "configs/umls-complex.yaml",
                    defaults={"config_url": "configs/umls-complex.yaml"}, log=said.append)  # fmt: skip
     assert got.model.dim == 8 and "the deployment's default" in said[0]
-    got = _resolve(base, "configs/umls-complex.yaml", defaults=lambda: {"config": {}})
+    got = _resolve(
+        base, "configs/umls-complex.yaml", defaults=lambda: {"config": base.model_dump(mode="json")}
+    )
     assert got.model.dim == 256
+    # a config_url of the run's own (not the default) next to a config: refused, not dropped
+    with pytest.raises(ConfigError, match="not both"):
+        _resolve(base, "configs/wn18rr-transe.yaml",
+                 defaults={"config_url": "configs/umls-complex.yaml"})  # fmt: skip
+    with pytest.raises(ConfigError, match="not both"):  # a typed config that is not the default
+        _resolve(base, "configs/umls-complex.yaml", defaults={"config": {"data": {"dataset": "x"}}})
     with pytest.raises(ConfigError, match=r"list of key\.path=value"):
         _resolve(base, None, "model.dim=8")  # type: ignore[arg-type]

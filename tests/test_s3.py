@@ -267,5 +267,9 @@ def test_a_reached_endpoint_keeps_the_long_backoff(s3_server: S3Server) -> None:
     )
     with pytest.raises(StorageUnreachable):
         storage.check_reachable(dead, "s3://kgpipe/x")
-    storage._REACHED.add(dead.storage_options["client_kwargs"]["endpoint_url"])
-    storage.check_reachable(dead, "s3://kgpipe/x")  # reached once: left to the retries
+    dead_endpoint = dead.storage_options["client_kwargs"]["endpoint_url"]
+    storage._REACHED.add(dead_endpoint)  # as if it had answered once
+    try:
+        storage.check_reachable(dead, "s3://kgpipe/x")  # reached once: left to the retries
+    finally:
+        storage._REACHED.discard(dead_endpoint)

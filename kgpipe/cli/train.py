@@ -43,8 +43,9 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"the same as --orchestrator {NONE}",
     )
-    t.add_argument("-q", "--quiet", action="store_true", help="no progress output")
-    t.add_argument(
+    loud = t.add_mutually_exclusive_group()
+    loud.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+    loud.add_argument(
         "-v",
         "--verbose",
         action="store_true",
@@ -90,7 +91,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 overwrite=args.overwrite,
                 callbacks=callbacks,
                 log=log,
-                verbose=args.verbose,
+                # only when asked: an orchestrator written before `verbose` still runs
+                **({"verbose": True} if args.verbose else {}),
             )
     finally:
         if progress is not None:

@@ -28,9 +28,10 @@ __all__ = [
 
 
 def _blame(path: str, overrides: Mapping[str, str]) -> str | None:
-    """The ``--set`` item that put the value at ``path`` there (itself or a section above it)."""
+    """The ``--set`` item that put the value at ``path`` there (itself or a section above it);
+    an error about a whole section is the file's, even if a ``--set`` changed a key in it."""
     for key, item in overrides.items():
-        if path == key or path.startswith(f"{key}.") or key.startswith(f"{path}."):
+        if path == key or path.startswith(f"{key}."):
             return item
     return None
 

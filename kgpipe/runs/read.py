@@ -21,7 +21,7 @@ from kgpipe.export import load_model
 from kgpipe.models.model import KGEModel
 from kgpipe.runs.finish import test_results
 from kgpipe.runs.folder import CONFIG, DATA, TEST_IDS, VALID_IDS, VOCAB, load_ids
-from kgpipe.storage import Store
+from kgpipe.storage import Store, check_reachable
 
 __all__ = [
     "CheckpointChoice",
@@ -58,6 +58,7 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> tuple[S
     for the run root, the environment (e.g. ``AWS_ACCESS_KEY_ID``) for the data.
     """
     store = Store(url, storage_options)
+    check_reachable(store.fs, store.url)  # a dead object store: one line in seconds
     if not store.exists(CONFIG):
         raise RunError(f"{url}: not a kgpipe run folder (no config.yaml)")
     try:
@@ -122,7 +123,8 @@ def select_checkpoint(
         best = checkpoints.best()
         if best is None:
             raise RunError(
-                f"{url}: no committed checkpoint has a validation MRR (evaluation.every was 0); "
+                f"{url}: no committed checkpoint has a validation MRR (no validation ran: "
+                "evaluation.every 0, or no validation data); "
                 f"committed epochs: {epochs}"
             )
         return best

@@ -55,6 +55,13 @@ def _warner(log: Log | None, warn: Log | None) -> Log:
     return logging.getLogger("kgpipe.runs").warning
 
 
+def _valid_source(config: RunConfig) -> str:
+    data = config.data
+    if data.split is not None:
+        return f"data.split of {data.train}"
+    return str(data.valid or data.dataset or "none given")
+
+
 def run_lease(config: RunConfig, *, holder: str) -> RunLease:
     """The lease of ``config``'s run folder (``run.name`` set), to hold with ``with`` around
     staging, training and finishing; ``holder`` says who is writing, for whoever is refused."""
@@ -134,7 +141,7 @@ def prepare_run(
     if SCHEDULES.get(config.training.schedule).follows_validation and dataset.valid.numel() == 0:
         raise ConfigError(
             f"training.schedule={config.training.schedule} needs validation triples, and the "
-            f"valid split ({config.data.valid or config.data.dataset}) has none"
+            f"valid split ({_valid_source(config)}) has none"
         )
     if dataset.valid.numel() == 0:
         _warner(log, warn)(NO_VALIDATION)
