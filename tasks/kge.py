@@ -24,7 +24,7 @@ from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.events import emit_event
 
 from kgpipe.config import RunConfig
-from kgpipe.errors import StorageAccessDenied, StorageError
+from kgpipe.errors import StorageAccessDenied, StorageError, StorageFull, StorageUnreachable
 from kgpipe.launch.dask import connect
 from kgpipe.pipeline import make_launcher
 from kgpipe.runs.finish import finish_run
@@ -52,8 +52,8 @@ def transient(_task: Any, _run: Any, state: Any) -> bool:
     """Retry condition: only object-store and network faults are worth another attempt."""
     try:
         state.result()
-    except StorageAccessDenied:
-        return False
+    except (StorageAccessDenied, StorageFull, StorageUnreachable):
+        return False  # refused, full, or not answering at start-up: fail fast, one line
     except StorageError:  # still unreachable after the storage layer's own retries
         return True
     except Exception as err:

@@ -285,7 +285,7 @@ def test_a_bad_override_fails_the_flow_run_before_staging(
 
 
 def test_task_retry_condition_retries_transient_faults_only() -> None:
-    from kgpipe.errors import ConfigError, StorageAccessDenied, StorageError
+    from kgpipe.errors import ConfigError, StorageAccessDenied, StorageError, StorageUnreachable
     from tasks.kge import transient
 
     class Failed:
@@ -298,5 +298,7 @@ def test_task_retry_condition_retries_transient_faults_only() -> None:
     assert transient(None, None, Failed(StorageError("s3://b/x: failed after 7 attempts")))
     assert transient(None, None, Failed(ConnectionError("reset")))
     assert not transient(None, None, Failed(StorageAccessDenied("s3://b/x: access denied")))
+    # at start-up an endpoint that does not answer fails fast, not after 42 s of task retries
+    assert not transient(None, None, Failed(StorageUnreachable("s3://b/x: cannot reach")))
     assert not transient(None, None, Failed(ConfigError("bad key")))
     assert not transient(None, None, Failed(ValueError("bug")))
