@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_support import run_cli as _run
+from cli_support import vocab_labels as _labels
 
 from kgpipe.checkpoint import CheckpointStore
-from kgpipe.cli.main import main
 from kgpipe.config import parse_config
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import KgpipeError
@@ -65,19 +66,6 @@ def nt_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (tmp / "test.nt").write_text("".join(lines[-20 - len(rels) : -len(rels)]))
     data = {k: str(tmp / f"{k}.nt") for k in ("train", "valid", "test")}
     return _train(tmp / "runs", "nt", data, training={"epochs": 1})
-
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 2
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _labels(run: Path, kind: str) -> list[str]:
-    return [x.split("\t", 1)[1] for x in (run / f"vocab/{kind}.tsv").read_text().splitlines()]
 
 
 # -- labels as people type them ---------------------------------------------------------------------

@@ -9,8 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_support import run_cli as _run
+from cli_support import vocab_labels as _labels
 
-from kgpipe.cli.main import build_parser, main
+from kgpipe.cli.main import build_parser
 from kgpipe.config import parse_config
 from kgpipe.pipeline import train
 
@@ -29,19 +31,6 @@ def umls_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     train(parse_config(raw))
     return root / "tiny"
-
-
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
-    try:
-        code = main(argv)
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 2
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _labels(run: Path, kind: str) -> list[str]:
-    return [x.split("\t", 1)[1] for x in (run / f"vocab/{kind}.tsv").read_text().splitlines()]
 
 
 S3 = "s3://nonexistent-bucket-xyz/out"
