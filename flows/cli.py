@@ -60,11 +60,12 @@ class _Echo(logging.Handler):
     def __init__(self, log: Callable[[str], None]) -> None:
         super().__init__(logging.INFO)
         self.log = log
+        self.prefect_dir = _prefect_dir()  # once, not per record
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.levelno >= logging.WARNING or not getattr(record, ECHO, True):
             return
-        if record.pathname.startswith(_prefect_dir()):
+        if record.pathname.startswith(self.prefect_dir):
             return
         with contextlib.suppress(Exception):
             self.log(record.getMessage())

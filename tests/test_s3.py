@@ -252,8 +252,9 @@ def test_an_unreachable_endpoint_fails_in_seconds_at_start_up(
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_reached_endpoint_keeps_the_long_backoff(s3_server: S3Server) -> None:
-    """Once an endpoint answered, a later fault is a run's fault: no fail-fast probe again."""
+def test_a_reached_endpoint_is_not_probed_again(s3_server: S3Server) -> None:
+    """Once an endpoint answered, a later fault is a run's fault: no fail-fast probe again (its
+    faults then go to the storage layer's retries, tested by the outage tests)."""
     from kgpipe import endpoints as storage
 
     fs = s3fs.S3FileSystem(**s3_server.storage_options(), skip_instance_cache=True)
