@@ -20,6 +20,7 @@ from flows.server import TiedPrefectServer
 from kgpipe.config import RunConfig
 from kgpipe.runs.folder import RESULTS, run_store
 from kgpipe.runs.stage import preflight, run_lease
+from kgpipe.tracking import check_tracking
 from kgpipe.training.hooks import Callback
 
 __all__ = ["ECHO", "configured_api_url", "local_prefect_defaults", "run"]
@@ -136,6 +137,7 @@ def run(
     # existing run folder would be replaced
     with run_lease(config, holder=f"kgpipe train (pid {os.getpid()})") as lease:
         config = preflight(config, overwrite=overwrite, resume=resume)
+        check_tracking(config.tracking)  # a tracking server that does not answer: one line
         local_prefect_defaults()
         quiet_prefect_console(verbose)
         if not configured_api_url():

@@ -1,4 +1,5 @@
-"""The training flow: stage -> cluster -> [train segment -> commit]* -> test -> export -> report.
+"""The training flow: stage -> cluster -> [train segment -> commit]* -> test -> export -> report
+(-> MLflow, under ``tracking.backend: mlflow``: the flow is the driver that logs).
 
 Thin by design: every step is a task over one library call; the segment plan (where segments
 end, early stopping) is the library's (:func:`kgpipe.runs.segments.drive_segments`), and the
@@ -25,6 +26,7 @@ from kgpipe.runs.folder import RunFolder, run_store
 from kgpipe.runs.lease import check_holder
 from kgpipe.runs.segments import SegmentResult, drive_segments
 from kgpipe.runs.stage import run_lease
+from kgpipe.tracking import check_tracking, track_run
 from kgpipe.training.hooks import Callback
 from tasks.kge import (
     evaluate_and_export,
@@ -32,6 +34,7 @@ from tasks.kge import (
     new_progress,
     publish_report,
     stage_data,
+    track_results,
     train_segment,
 )
 
@@ -64,6 +67,7 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         t0 = time.perf_counter()
         logger = get_run_logger()
         config = flow_config(config, config_url, overrides, log=logger.info).with_run_name()
+        check_tracking(config.tracking)  # an MLflow server that does not answer: before any work
         with contextlib.ExitStack() as held:
             if lease is None:  # a second flow run of the same run.name is refused here
                 number = held.enter_context(run_lease(config, holder=_holder())).number
@@ -73,9 +77,13 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
                 check_holder(run_store(config), number, token)
             run = stage_data(config, resume=resume, warm_start=warm_start, overwrite=overwrite)
             run.lease = number
+            tracker = held.enter_context(track_run(run, log=logger.info, warn=logger.warning))
+            ours = [*callbacks, tracker] if tracker is not None else list(callbacks)
             results, history, restarts, report = _train_and_finish(
-                run, t0, previous=previous, callbacks=callbacks
+                run, t0, previous=previous, callbacks=ours
             )
+            if tracker is not None:  # test metrics, then the report and curve just published
+                track_results(tracker, results, history, seconds=time.perf_counter() - t0)
         summary = {
             "run": run.url,
             "report": report,

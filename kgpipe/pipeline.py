@@ -2,8 +2,9 @@
 
 ``train(config)`` = :func:`~kgpipe.runs.stage.prepare_run` (stage or resume) → a launcher (this
 process, or a gang on the configured Dask cluster) → :func:`~kgpipe.runs.segments.drive_segments`
-→ :func:`~kgpipe.runs.finish.finish_run` (final model, test metrics, embeddings). The Prefect
-flow (``flows/train.py``) composes the same steps as tasks.
+→ :func:`~kgpipe.runs.finish.finish_run` (final model, test metrics, embeddings), mirrored into
+MLflow under ``tracking.backend: mlflow`` (:mod:`kgpipe.tracking`). The Prefect flow
+(``flows/train.py``) composes the same steps as tasks.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kgpipe.runs.finish import finish_run
 from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.segments import drive_segments
 from kgpipe.runs.stage import prepare_run, run_lease
+from kgpipe.tracking import check_tracking, track_run
 from kgpipe.training.hooks import Callback
 from kgpipe.training.records import EpochStats
 
@@ -79,6 +81,8 @@ def train(
     log: Log | None = None,
     eval_progress: ProgressFn | None = None,
     holder: str = "a kgpipe run",
+    stop: Callable[[list[dict[str, Any]]], bool] | None = None,
+    tracking_parent: str | None = None,
 ) -> RunResult:
     """Train, evaluate and export one run without Prefect; returns where it went and the results.
 
@@ -87,23 +91,35 @@ def train(
     to the model (on every rank of a gang, so they must pickle). Bad input (data, config, an
     existing run folder without ``overwrite``/``resume``, another writer holding the run
     folder's lease) raises a :class:`~kgpipe.errors.KgpipeError` before anything is written.
-    ``holder`` names this writer to a second one that is refused.
+    ``holder`` names this writer to a second one that is refused. ``stop`` is asked after
+    each segment (with the committed history) whether to end training there, besides early
+    stopping (a hyperparameter search prunes trials with it).
+
+    Under ``tracking.backend: mlflow`` the run is mirrored into an MLflow run (continued when
+    the run resumes; nested under ``tracking_parent``, an MLflow run id, if given); a tracking
+    server that does not answer fails the call before anything is written.
     """
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
     config = config.with_run_name()
-    with run_lease(config, holder=f"{holder} (kgpipe.pipeline.train)") as lease:
+    check_tracking(config.tracking)  # an MLflow server that does not answer: before any work
+    with (
+        run_lease(config, holder=f"{holder} (kgpipe.pipeline.train)") as lease,
+        contextlib.ExitStack() as tracked,
+    ):
         run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
         run.lease = lease.number
+        tracker = tracked.enter_context(track_run(run, parent_run_id=tracking_parent, log=say))
+        ours = [*callbacks, tracker] if tracker is not None else list(callbacks)
         with contextlib.ExitStack() as stack:
             client = None
             if run.config.distributed.uses_dask:
                 client = stack.enter_context(open_run_cluster(run.config, log=say))
             launcher = make_launcher(
-                run, client=client, callbacks=callbacks, rank_callbacks=rank_callbacks, log=say
+                run, client=client, callbacks=ours, rank_callbacks=rank_callbacks, log=say
             )
             stack.callback(launcher.close)
-            history, restarts = drive_segments(run, launcher.train_until, log=say)
+            history, restarts = drive_segments(run, launcher.train_until, log=say, stop=stop)
         results = finish_run(
             run,
             history=history,
@@ -112,6 +128,8 @@ def train(
             log=say,
             eval_progress=eval_progress,
         )
+        if tracker is not None:  # test metrics, then the report and curve
+            tracker.finish(results, history, seconds=time.perf_counter() - t_start)
     return RunResult(
         run.url,
         run.config,

@@ -33,6 +33,7 @@ from kgpipe.runs.report import curve_png, markdown_report, metrics_table
 from kgpipe.runs.segments import SegmentResult, committed_history
 from kgpipe.runs.stage import prepare_run
 from kgpipe.storage import is_transient
+from kgpipe.tracking import RunTracker
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
@@ -43,6 +44,7 @@ __all__: Sequence[str] = [
     "new_progress",
     "publish_report",
     "stage_data",
+    "track_results",
     "train_segment",
     "transient",
 ]
@@ -198,6 +200,19 @@ def publish_report(
         description=f"kgpipe report: {run.config.run.name}",
     )
     return run.store.url_of(REPORT)
+
+
+@task(cache_policy=NO_CACHE, timeout_seconds=600)
+def track_results(
+    tracker: RunTracker,
+    results: dict[str, Any] | None,
+    history: list[dict[str, Any]],
+    *,
+    seconds: float,
+) -> None:
+    """The run's MLflow run gets the test metrics, the report and the curve (the run folder's,
+    just published) and ends FINISHED; MLflow faults are warnings (the run folder has it all)."""
+    tracker.finish(results, history, seconds=seconds, from_folder=True)
 
 
 def new_progress(run: RunFolder) -> Any:

@@ -1,9 +1,10 @@
 """The one typed, frozen configuration tree of a kgpipe run.
 
 YAML in, :class:`RunConfig` out (:mod:`.io`). The sections live in :mod:`.sections` (run, data,
-model), :mod:`.training` (training, evaluation) and :mod:`.runtime` (distributed, checkpoint,
-fault tolerance); names of pluggable parts (models, losses, optimisers, schedules, modes,
-formats, clusters, regularisers) are checked against their registries (:mod:`kgpipe.registry`).
+model), :mod:`.training` (training, evaluation), :mod:`.runtime` (distributed, checkpoint,
+fault tolerance) and :mod:`.tracking` (experiment tracking); names of pluggable parts (models,
+losses, optimisers, schedules, modes, formats, clusters, regularisers) are checked against their
+registries (:mod:`kgpipe.registry`).
 :mod:`.hash` says what a run's parameters depend on.
 """
 
@@ -25,6 +26,7 @@ from kgpipe.config.sections import (
     RegularizerConfig,
     RunSection,
 )
+from kgpipe.config.tracking import TrackingConfig
 from kgpipe.config.training import EvaluationConfig, PlateauConfig, TrainingConfig
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "RegularizerConfig",
     "RunConfig",
     "RunSection",
+    "TrackingConfig",
     "TrainingConfig",
     "apply_overrides",
     "clean_storage_options",

@@ -14,8 +14,9 @@ __all__ = ["RESUMABLE_CHANGES", "config_hash", "hashed_view", "training_differen
 
 # Sections that may differ between a run and its resumption (how it runs, not what it computes;
 # under a schedule that follows validation, evaluation.every and .sampled drive the learning
-# rate and may not change).
-RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation")
+# rate and may not change). `tracking` (where the run is reported) is not hashed either, so
+# every run from before it existed keeps its hash.
+RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation", "tracking")
 
 
 def hashed_view(config: RunConfig) -> dict[str, Any]:

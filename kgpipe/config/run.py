@@ -9,6 +9,7 @@ from pydantic import Field, model_validator
 from kgpipe.config.base import Frozen
 from kgpipe.config.runtime import CheckpointConfig, DistributedConfig, FaultToleranceConfig
 from kgpipe.config.sections import DataConfig, ModelConfig, RunSection
+from kgpipe.config.tracking import TrackingConfig
 from kgpipe.config.training import EvaluationConfig, TrainingConfig
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.training.schedules import SCHEDULES
@@ -27,6 +28,7 @@ class RunConfig(Frozen):
     distributed: DistributedConfig = Field(default_factory=DistributedConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault_tolerance: FaultToleranceConfig = Field(default_factory=FaultToleranceConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
     @model_validator(mode="after")
     def _plateau(self) -> RunConfig:

@@ -68,9 +68,11 @@ def drive_segments(
     train_until: Callable[[int], SegmentResult],
     *,
     log: Callable[[str], None] | None = None,
+    stop: Callable[[list[dict[str, Any]]], bool] | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
-    """Train ``run`` segment by segment with ``train_until(epoch)`` until its last epoch or
-    early stopping; returns the committed history and the gang restarts."""
+    """Train ``run`` segment by segment with ``train_until(epoch)`` until its last epoch,
+    early stopping, or ``stop(history)`` (asked after each segment: a search's pruner);
+    returns the committed history and the gang restarts."""
     say = log or (lambda _msg: None)
     history = committed_history(run)
     restarts = 0
@@ -79,5 +81,9 @@ def drive_segments(
         history, restarts = segment.history, segment.restarts
         if should_stop(history, run.config.evaluation.patience):
             say(f"early stopping after epoch {end}: no better valid MRR")
+            break
+        # asked at the last segment too: a pruner records the final validation
+        if stop is not None and stop(history) and end < run.config.training.epochs:
+            say(f"stopped after epoch {end} (pruned)")
             break
     return history, restarts
