@@ -1,0 +1,88 @@
+"""Hyperparameter search: Optuna's samplers and pruners over kgpipe runs on a Dask cluster.
+
+``tune(base, space, settings)`` creates a study folder and runs the search; ``resume(path)``
+continues one. Trials are ordinary kgpipe runs (in the study's ``trials/`` folder); the study
+is Optuna's, in its RDB storage (SQLite in the study folder by default). The Prefect flow
+(``flows/tune.py``) and ``kgpipe tune`` compose the same steps.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.errors import ConfigError
+from kgpipe.tune.folder import StudyFolder, create_study_folder, open_study_folder
+from kgpipe.tune.results import summarize
+from kgpipe.tune.settings import TuneSettings, parse_duration
+from kgpipe.tune.space import SearchSpace, check_space
+from kgpipe.tune.study import StudyEvent, check_budget, check_storage, run_study
+
+__all__ = [
+    "SearchSpace",
+    "StudyEvent",
+    "StudyFolder",
+    "TuneSettings",
+    "default_space",
+    "open_study_folder",
+    "parse_duration",
+    "prepare_study",
+    "run_and_summarize",
+]
+
+
+def default_space(model: str) -> SearchSpace:
+    """The shipped search space of ``model`` (``kgpipe/tune/spaces/{model}.yaml``)."""
+    name = f"{model}.yaml"
+    files = resources.files("kgpipe.tune") / "spaces"
+    path = files / name
+    if not path.is_file():
+        have = sorted(
+            p.name.removesuffix(".yaml") for p in files.iterdir() if p.name.endswith(".yaml")
+        )
+        raise ConfigError(
+            f"no shipped search space for model {model!r} (have: {', '.join(have)}); give a search space"
+        )
+    return SearchSpace.from_yaml(path.read_text(encoding="utf-8"), source=f"default space ({name})")
+
+
+def prepare_study(
+    base: RunConfig, space: SearchSpace | None, settings: TuneSettings
+) -> StudyFolder:
+    """Check the search and create its study folder (nothing is written on a bad input)."""
+    check_budget(settings)
+    space = space or default_space(base.model.name)
+    check_space(space, base)
+    if settings.storage:
+        check_storage(settings.storage)
+    if not base.evaluation.every:
+        raise ConfigError(
+            "a search selects on validation: set evaluation.every in the base config "
+            "(the pruner acts at each validation)"
+        )
+    return create_study_folder(base, space, settings)
+
+
+def run_and_summarize(
+    folder: StudyFolder,
+    *,
+    on_event: Callable[[StudyEvent], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    warn: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the search of ``folder`` to its budget, then write what it found (results.json).
+    ``log`` gets what the search does, ``warn`` what goes wrong without stopping it (a
+    tracking server that does not answer); both default to ``log``."""
+    t0 = time.perf_counter()
+    study = run_study(folder, on_event=on_event, log=log, warn=warn)
+    return summarize(
+        folder,
+        study,
+        seconds=time.perf_counter() - t0,
+        test=folder.settings.test_best,
+        log=log,
+        warn=warn,
+    )

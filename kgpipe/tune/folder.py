@@ -1,0 +1,122 @@
+"""A study folder: what a search was asked to do, its Optuna database, its trials' run folders
+and what it found.
+
+``study.json``  the base config, the search space and the settings (``kgpipe tune --resume``)
+``study.db``    the Optuna study (SQLite), unless ``settings.storage`` names another database
+``trials/``     one kgpipe run folder per trial (``trial-0007``)
+``results.json``, ``best.yaml``, ``trials.csv``, ``best.png``, ``importance.png``: the findings
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.config.io import parse_config
+from kgpipe.errors import ConfigError, RunError
+from kgpipe.tune.settings import TuneSettings
+from kgpipe.tune.space import SearchSpace
+
+__all__ = ["StudyFolder", "create_study_folder", "open_study_folder"]
+
+STUDY = "study.json"
+
+
+@dataclass(frozen=True)
+class StudyFolder:
+    """An existing study folder and what it holds."""
+
+    path: Path
+    base: RunConfig
+    space: SearchSpace
+    settings: TuneSettings
+
+    @property
+    def name(self) -> str:
+        """The Optuna study's name (its settings', so a moved folder keeps its study)."""
+        return self.settings.name or self.path.name
+
+    @property
+    def storage(self) -> str:
+        return self.settings.storage or f"sqlite:///{(self.path / 'study.db').resolve()}"
+
+    @property
+    def trials_root(self) -> Path:
+        return self.path / "trials"
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write ``name`` atomically (a reader never sees half a file)."""
+        target = self.path / name
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+        return target
+
+    def write_json(self, name: str, data: Any) -> Path:
+        return self.write_text(name, json.dumps(data, indent=2, default=str) + "\n")
+
+    def with_settings(self, **changes: Any) -> StudyFolder:
+        """The study with ``changes`` to its settings (a resume's new budget), saved."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if not changes:
+            return self
+        settings = TuneSettings.model_validate({**self.settings.model_dump(), **changes})
+        folder = StudyFolder(self.path, self.base, self.space, settings)
+        folder._save()
+        return folder
+
+    def _save(self) -> None:
+        self.write_json(
+            STUDY,
+            {
+                "base": self.base.model_dump(mode="json"),
+                "space": self.space.raw,
+                "settings": self.settings.model_dump(mode="json"),
+            },
+        )
+
+
+def _default_name(base: RunConfig) -> str:
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%d-%H%M%S")
+    return f"tune-{base.model.name}-{base.data.dataset or 'custom'}-{stamp}"
+
+
+def create_study_folder(base: RunConfig, space: SearchSpace, settings: TuneSettings) -> StudyFolder:
+    """A new study folder under ``settings.root``; refuses an existing one (resume it instead)."""
+    name = settings.name or _default_name(base)
+    if settings.name is None:
+        settings = settings.model_copy(update={"name": name})
+    path = Path(settings.root) / name
+    if (path / STUDY).exists():
+        raise RunError(
+            f"{path}: a study of that name exists; resume it with `kgpipe tune --resume {path}`"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "trials").mkdir(exist_ok=True)
+    folder = StudyFolder(path, base, space, settings)
+    folder._save()
+    return folder
+
+
+def open_study_folder(path: str | Path) -> StudyFolder:
+    """The study folder at ``path`` (one ``create_study_folder`` made)."""
+    p = Path(str(path).removeprefix("file://"))
+    source = p / STUDY
+    if not source.exists():
+        raise RunError(f"{p}: not a study folder (no {STUDY})")
+    try:
+        data = json.loads(source.read_text(encoding="utf-8"))
+        base = parse_config(data["base"], source=str(source))
+        space = SearchSpace.from_mapping(data["space"], source=f"{source} (space)")
+        settings = TuneSettings.model_validate(data["settings"])
+    except (KeyError, ValueError) as err:
+        raise ConfigError(f"{source}: unreadable study description: {err}") from None
+    return StudyFolder(p, base, space, settings)

@@ -1,0 +1,209 @@
+"""What a study found: the trials table, the best config (ready for ``kgpipe train -c``), the
+winner's test metrics, and the plots (best-so-far curve, parameter importances)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.config.io import config_to_yaml
+from kgpipe.tune.folder import StudyFolder
+from kgpipe.tune.space import trial_config
+from kgpipe.tune.study import redact_url
+from kgpipe.tune.track import track_findings
+
+__all__ = ["best_config", "best_so_far", "importances", "summarize", "trial_rows", "write_plots"]
+
+Log = Callable[[str], None]
+
+
+def _state(trial: Any) -> str:
+    return str(trial.state.name).lower()
+
+
+def trial_rows(study: Any) -> list[dict[str, Any]]:
+    """One row per trial: number, state, valid MRR, epochs, seconds, the sampled values."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        value = (
+            t.value
+            if t.value is not None
+            else (max(t.intermediate_values.values()) if t.intermediate_values else None)
+        )
+        row: dict[str, Any] = {
+            "trial": t.number,
+            "state": _state(t),
+            "valid_mrr": None if value is None else round(float(value), 4),
+            "epochs": t.user_attrs.get("epochs"),
+            "seconds": t.user_attrs.get("seconds"),
+        }
+        row.update(t.user_attrs.get("values", {}))
+        if t.user_attrs.get("error"):
+            row["error"] = str(t.user_attrs["error"]).splitlines()[0][:200]
+        rows.append(row)
+    return rows
+
+
+def best_so_far(study: Any) -> list[tuple[int, float]]:
+    """``(trial number, best valid MRR of the trials finished by then)`` in finishing order."""
+    done = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
+    done.sort(key=lambda t: t.datetime_complete)
+    best, out = -math.inf, []
+    for t in done:
+        if _state(t) == "complete" and t.value is not None:
+            best = max(best, float(t.value))
+        if best > -math.inf:
+            out.append((t.number, best))
+    return out
+
+
+def importances(study: Any) -> dict[str, float]:
+    """Optuna's parameter importances (fANOVA) over the complete trials; empty when too few."""
+    import optuna
+
+    complete = [t for t in study.get_trials(deepcopy=False) if _state(t) == "complete"]
+    if len(complete) < 3:
+        return {}
+    try:
+        return dict(optuna.importance.get_param_importances(study))
+    except (ValueError, RuntimeError):  # e.g. a single value in every parameter
+        return {}
+
+
+def best_config(folder: StudyFolder, study: Any) -> RunConfig | None:
+    """The best trial's config as a run config of its own (named after the study, tested)."""
+    try:
+        best = study.best_trial
+    except ValueError:
+        return None
+    config = trial_config(folder.base, best.user_attrs.get("values", {}), source="best trial")
+    return config.model_copy(
+        update={
+            "run": config.run.model_copy(update={"name": None}),
+            "evaluation": config.evaluation.model_copy(update={"test": True}),
+        }
+    )
+
+
+def write_plots(folder: StudyFolder, study: Any) -> dict[str, str]:
+    """``best.png`` (best valid MRR so far by trial) and ``importance.png``; their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out: dict[str, str] = {}
+    curve = best_so_far(study)
+    rows = trial_rows(study)
+    fig, ax = plt.subplots(figsize=(8, 4))
+    xs = [r["trial"] for r in rows if r["valid_mrr"] is not None]
+    ys = [r["valid_mrr"] for r in rows if r["valid_mrr"] is not None]
+    colors = [
+        "tab:blue" if r["state"] == "complete" else "tab:gray"
+        for r in rows
+        if r["valid_mrr"] is not None
+    ]
+    ax.scatter(xs, ys, c=colors, s=14, label="trial (gray: pruned at its last validation)")
+    if curve:
+        ax.step(
+            [c[0] for c in curve],
+            [c[1] for c in curve],
+            where="post",
+            color="tab:red",
+            label="best so far",
+        )
+    ax.set_xlabel("trial")
+    ax.set_ylabel("valid MRR")
+    ax.set_ylim(bottom=0)
+    ax.legend(loc="lower right")
+    ax.set_title(f"{folder.name}")
+    fig.tight_layout()
+    fig.savefig(folder.file("best.png"), dpi=100)
+    plt.close(fig)
+    out["best"] = str(folder.file("best.png"))
+    imp = importances(study)
+    if imp:
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(imp) + 1.2))
+        names = list(imp)[::-1]
+        ax.barh(names, [imp[n] for n in names], color="tab:blue")
+        ax.set_xlabel("importance (fANOVA, share of the valid MRR's variance)")
+        fig.tight_layout()
+        fig.savefig(folder.file("importance.png"), dpi=100)
+        plt.close(fig)
+        out["importance"] = str(folder.file("importance.png"))
+    return out
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def summarize(
+    folder: StudyFolder,
+    study: Any,
+    *,
+    seconds: float,
+    test: bool = True,
+    log: Log | None = None,
+    warn: Log | None = None,
+) -> dict[str, Any]:
+    """Write ``trials.csv``, ``best.yaml``, the plots, and ``results.json`` (with the best
+    trial's test metrics when ``test``: only the winner is ever tested); returns the latter."""
+    from kgpipe.runs.read import evaluate_run
+
+    say = log or (lambda _m: None)
+    rows = trial_rows(study)
+    folder.write_text("trials.csv", _csv(rows))
+    states = [r["state"] for r in rows]
+    results: dict[str, Any] = {
+        "study": folder.name,
+        "storage": redact_url(folder.storage),
+        "selection": "best valid MRR (filtered, both sides) over each trial's validations; "
+        "test metrics are of the best trial only, computed after the search",
+        "trials": {s: states.count(s) for s in sorted(set(states))},
+        "trial_epochs": sum(int(r["epochs"] or 0) for r in rows),
+        "trial_seconds": round(sum(float(r["seconds"] or 0) for r in rows), 1),
+        "seconds": round(seconds, 1),
+        "settings": {
+            **folder.settings.model_dump(mode="json"),
+            "storage": folder.settings.storage and redact_url(folder.settings.storage),
+        },
+    }
+    config = best_config(folder, study)
+    if config is not None:
+        best = study.best_trial
+        folder.write_text(
+            "best.yaml",
+            f"# best trial {best.number} of study {folder.name}: "
+            f"valid MRR {best.value:.4f}\n" + config_to_yaml(config),
+        )
+        results["best"] = {
+            "trial": best.number,
+            "valid_mrr": best.value,
+            "epoch": best.user_attrs.get("best_epoch"),
+            "values": best.user_attrs.get("values", {}),
+            "run": best.user_attrs.get("run"),
+            "config": str(folder.file("best.yaml")),
+        }
+        if test and best.user_attrs.get("run"):
+            say(f"testing the best trial ({best.number}) on test")
+            t0 = time.perf_counter()
+            metrics = evaluate_run(best.user_attrs["run"], split="test", checkpoint="best")
+            metrics["seconds"] = time.perf_counter() - t0
+            results["best"]["test"] = metrics
+    results["plots"] = write_plots(folder, study)
+    folder.write_json("results.json", results)
+    track_findings(folder, study, results, warn or say)
+    return results

@@ -1,0 +1,138 @@
+"""How a search runs: its budget, sampler, pruner, cluster and where its study lives."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from kgpipe.config.base import Frozen
+from kgpipe.errors import ConfigError
+
+__all__ = ["TuneSettings", "make_pruner", "make_sampler", "parse_duration"]
+
+_DURATION = re.compile(
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s?)?\s*$"
+)
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds of ``2h``, ``90m``, ``1h30m``, ``45s`` or a plain number of seconds."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        seconds = float(text)
+    else:
+        match = _DURATION.match(str(text))
+        if not match or not any(match.groups()):
+            raise ConfigError(f"{text!r} is not a duration (e.g. 2h, 90m, 1h30m, 3600)")
+        h, m, s = (float(g) if g else 0.0 for g in match.groups())
+        seconds = h * 3600 + m * 60 + s
+    if seconds <= 0:
+        raise ConfigError(f"a duration must be positive, not {text!r}")
+    return seconds
+
+
+class TuneSettings(Frozen):
+    """A hyperparameter search (``kgpipe tune``); kept in the study folder for ``--resume``."""
+
+    name: str | None = Field(
+        default=None,
+        description="Study name (its folder under `root`). Default: tune-{model}-{dataset}-{UTC time}.",
+    )
+    root: str = Field(default="./studies", description="Local folder holding study folders.")
+    trials: int | None = Field(
+        default=30,
+        ge=1,
+        description="Trials in the study in all (a resumed study counts those it has).",
+    )
+    timeout_s: float | None = Field(
+        default=None, gt=0, description="Start no trial after this many seconds of this invocation."
+    )
+    workers: int = Field(default=1, ge=1, description="Trials run at once (one per Dask worker).")
+    cluster: str = Field(
+        default="local", description="`local` (LocalCluster) or a scheduler address."
+    )
+    threads_per_worker: int | None = Field(
+        default=None, ge=1, description="torch threads per trial (default: cores // workers)."
+    )
+    trial_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Stop a trial that trains longer than this (it counts as pruned, at its last "
+        "validation; one that never validated counts as the worst). Default: no limit.",
+    )
+    seed: int = Field(default=0, description="Seed of the sampler.")
+    startup_trials: int | None = Field(
+        default=None,
+        ge=0,
+        description="Random trials before TPE takes over (default: max(5, trials // 5)).",
+    )
+    pruner: Literal["median", "hyperband", "none"] = Field(
+        default="median",
+        description="Stop poor trials at a validation: median rule, Hyperband, or never.",
+    )
+    prune_warmup: int = Field(
+        default=1,
+        ge=0,
+        description="Validations every trial completes before it may be pruned (median).",
+    )
+    storage: str | None = Field(
+        default=None,
+        description="Optuna RDB URL of the study (default: sqlite in the study folder; give a "
+        "database URL such as postgresql://... when the workers do not share this disk).",
+    )
+    test_best: bool = Field(default=True, description="Evaluate the best trial on test at the end.")
+    trial_retries: int = Field(
+        default=2,
+        ge=0,
+        description="Re-runs of a trial whose worker died (it resumes its checkpoint).",
+    )
+
+    @field_validator("root")
+    @classmethod
+    def _local(cls, value: str) -> str:
+        if "://" in value and not value.startswith("file://"):
+            raise ValueError("the study folder must be on a local disk (its database is SQLite)")
+        return value.removeprefix("file://")
+
+    def startup(self) -> int:
+        if self.startup_trials is not None:
+            return self.startup_trials
+        return max(5, (self.trials or 25) // 5)
+
+
+def make_sampler(settings: TuneSettings, *, offset: int = 0) -> Any:
+    """TPE after a random start-up phase; multivariate with groups (conditional spaces) and the
+    constant liar (several trials running at once do not all explore the same spot).
+    ``offset`` (the trials a resumed study has) moves the seed, so that a resumed study does
+    not draw its first run's random start-up values again."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():  # `multivariate` and `group` are marked experimental
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            n_startup_trials=settings.startup(),
+            seed=(settings.seed + offset) % 2**32,
+            multivariate=True,
+            group=True,
+            constant_liar=True,
+        )
+
+
+def make_pruner(settings: TuneSettings, *, first_step: int = 1, max_step: int = 100) -> Any:
+    """The pruner, stepping in epochs: ``first_step`` is the first validation epoch."""
+    import optuna
+
+    if settings.pruner == "none":
+        return optuna.pruners.NopPruner()
+    if settings.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=first_step, max_resource=max_step, reduction_factor=3
+        )
+    return optuna.pruners.MedianPruner(
+        n_startup_trials=max(3, settings.workers),
+        n_warmup_steps=first_step * settings.prune_warmup,
+        interval_steps=1,
+    )

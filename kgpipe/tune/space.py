@@ -1,0 +1,259 @@
+"""A search space: config keys with distributions, read from YAML, sampled through Optuna.
+
+One entry per config key (a dotted path of the run config)::
+
+    training.lr: {loguniform: [1.0e-4, 0.1]}
+    model.dim: {choices: [128, 256, 512]}
+    training.negatives: {int: [16, 1024], log: true, when: {training.mode: negative_sampling}}
+    training.loss:                      # alternatives, each under its own condition
+      - {choices: [cross_entropy, softplus, nssa], when: {training.mode: negative_sampling}}
+      - {choices: [cross_entropy], when: {training.mode: [1vsall, kvsall]}}
+    evaluation.every: 5                 # a plain value: set in every trial
+
+Distributions: ``uniform: [low, high]``, ``loguniform: [low, high]``, ``int: [low, high]`` (with
+optional ``log: true`` and ``step``), ``choices: [...]``. ``when: {key: value-or-list}`` samples
+the entry only when each named key -- sampled above it, or from the base config -- has one of
+the values (so a conditional entry must come after the keys it depends on). A choice of one
+value is set without sampling. The Optuna parameter of an entry is its key (``key#i`` for the
+i-th of several alternatives), and a trial's config is the base config with the sampled values
+set, validated by the normal config model before the trial starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from kgpipe.config import RunConfig
+from kgpipe.config.io import parse_config, yaml_error
+from kgpipe.config.keys import config_keys, suggest_key
+from kgpipe.errors import ConfigError
+
+__all__ = ["Param", "SearchSpace", "check_space", "describe_values", "set_key", "trial_config"]
+
+_KINDS = ("uniform", "loguniform", "int", "choices")
+_OPTIONS = {*_KINDS, "log", "step", "when"}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One entry (or one alternative of an entry) of a search space."""
+
+    key: str
+    name: str  # the Optuna parameter name
+    kind: str  # uniform | loguniform | int | choices | fixed
+    low: float | int | None = None
+    high: float | int | None = None
+    log: bool = False
+    step: float | int | None = None
+    choices: tuple[Any, ...] = ()
+    when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+
+    def applies(self, values: Mapping[str, Any]) -> bool:
+        """Whether the condition holds for ``values`` (config key -> value)."""
+        return all(values.get(key) in allowed for key, allowed in self.when)
+
+    def suggest(self, trial: Any) -> Any:
+        """Draw a value through an Optuna trial (``trial.suggest_*``)."""
+        if self.kind == "fixed":
+            return self.choices[0]
+        if self.kind == "choices":
+            return trial.suggest_categorical(self.name, list(self.choices))
+        if self.kind == "int":
+            step = int(self.step) if self.step else 1
+            return trial.suggest_int(
+                self.name, int(self.low or 0), int(self.high or 0), step=step, log=self.log
+            )
+        return trial.suggest_float(
+            self.name,
+            float(self.low or 0.0),
+            float(self.high or 0.0),
+            log=self.kind == "loguniform" or self.log,
+            step=None if self.step is None else float(self.step),
+        )
+
+    def describe(self) -> str:
+        if self.kind in ("choices", "fixed"):
+            return f"{self.key} in {list(self.choices)}"
+        return f"{self.key} {self.kind} [{self.low}, {self.high}]"
+
+
+def set_key(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted ``key`` in a config mapping (sections created as needed)."""
+    node = tree
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = node[part] = {}
+        node = child
+    node[parts[-1]] = value
+
+
+def _get_key(tree: Mapping[str, Any], key: str) -> Any:
+    node: Any = tree
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _number(source: str, key: str, value: Any) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{source}: {key}: bounds must be numbers, got {value!r}")
+    return value
+
+
+def _param(source: str, key: str, name: str, spec: Any) -> Param:
+    where = f"{source}: {key}"
+    if not isinstance(spec, Mapping):  # a plain value
+        return Param(key, name, "fixed", choices=(spec,))
+    unknown = sorted(set(spec) - _OPTIONS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown option {unknown[0]!r} (use one of {sorted(_OPTIONS)})")
+    kinds = [k for k in _KINDS if k in spec]
+    if len(kinds) != 1:
+        raise ConfigError(f"{where}: give exactly one of {', '.join(_KINDS)}")
+    kind = kinds[0]
+    when: list[tuple[str, tuple[Any, ...]]] = []
+    raw_when = spec.get("when") or {}
+    if not isinstance(raw_when, Mapping):
+        raise ConfigError(f"{where}: `when` must map config keys to values")
+    for wkey, wval in raw_when.items():
+        _check_key(source, str(wkey))
+        allowed = tuple(wval) if isinstance(wval, list | tuple) else (wval,)
+        when.append((str(wkey), allowed))
+    if kind == "choices":
+        choices = spec["choices"]
+        if not isinstance(choices, list) or not choices:
+            raise ConfigError(f"{where}: `choices` must be a non-empty list")
+        return Param(
+            key,
+            name,
+            "choices" if len(choices) > 1 else "fixed",
+            choices=tuple(choices),
+            when=tuple(when),
+        )
+    bounds = spec[kind]
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        raise ConfigError(f"{where}: `{kind}` takes [low, high]")
+    low, high = (_number(source, key, b) for b in bounds)
+    if not low < high:
+        raise ConfigError(f"{where}: low {low} must be below high {high}")
+    log = bool(spec.get("log", False))
+    if (kind == "loguniform" or log) and low <= 0:
+        raise ConfigError(f"{where}: a log scale needs low > 0, got {low}")
+    if kind == "int" and not (isinstance(low, int) and isinstance(high, int)):
+        raise ConfigError(f"{where}: `int` bounds must be integers")
+    step = spec.get("step")
+    if step is not None and (log or kind == "loguniform"):
+        raise ConfigError(f"{where}: `step` cannot be combined with a log scale")
+    return Param(key, name, kind, low=low, high=high, log=log, step=step, when=tuple(when))
+
+
+_KNOWN: frozenset[str] | None = None
+
+
+def _check_key(source: str, key: str) -> None:
+    global _KNOWN
+    if _KNOWN is None:
+        _KNOWN = frozenset(k.path for k in config_keys())
+    if key in _KNOWN:
+        return
+    # keys under free-form mappings (storage options, tags) are not listed leaf by leaf
+    if any(key.startswith(f"{k}.") for k in _KNOWN):
+        return
+    hint = suggest_key(key)
+    extra = f" (did you mean {hint}?)" if hint else ""
+    raise ConfigError(f"{source}: {key} is not a config key{extra}")
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """The entries of a search space, in file order."""
+
+    params: tuple[Param, ...]
+    source: str = "search space"
+    raw: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str = "search space") -> SearchSpace:
+        if not isinstance(data, Mapping) or not data:
+            raise ConfigError(f"{source}: a search space is a non-empty mapping of config keys")
+        params: list[Param] = []
+        for key, spec in data.items():
+            key = str(key)
+            _check_key(source, key)
+            if isinstance(spec, list) and spec and all(isinstance(s, Mapping) for s in spec):
+                if not all("when" in s for s in spec):
+                    raise ConfigError(f"{source}: {key}: each alternative needs a `when`")
+                params += [_param(source, key, f"{key}#{i}", s) for i, s in enumerate(spec)]
+            else:
+                params.append(_param(source, key, key, spec))
+        return cls(tuple(params), source, dict(data))
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "search space") -> SearchSpace:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"{source}{yaml_error(err, text)}") from None
+        return cls.from_mapping(data, source)
+
+    def sample(self, trial: Any, base: RunConfig) -> dict[str, Any]:
+        """The values of one trial (config key -> value), drawn through ``trial``; keys whose
+        condition does not hold keep the base config's value and are left out."""
+        base_tree = base.model_dump(mode="json")
+        values: dict[str, Any] = {}
+
+        def current(key: str) -> Any:
+            return values[key] if key in values else _get_key(base_tree, key)
+
+        for param in self.params:
+            view = {k: current(k) for k, _ in param.when}
+            if param.applies(view):
+                values[param.key] = param.suggest(trial)
+        return values
+
+    def keys(self) -> list[str]:
+        return list(dict.fromkeys(p.key for p in self.params))
+
+    def describe(self) -> list[str]:
+        return [p.describe() + (f" when {dict(p.when)}" if p.when else "") for p in self.params]
+
+
+def trial_config(base: RunConfig, values: Mapping[str, Any], *, source: str = "trial") -> RunConfig:
+    """``base`` with ``values`` (config key -> value) set, validated as any config is."""
+    tree = copy.deepcopy(base.model_dump(mode="json"))
+    for key, value in values.items():
+        set_key(tree, key, value)
+    return parse_config(tree, source=source)
+
+
+def describe_values(values: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_short(v)}" for k, v in values.items())
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def check_space(space: SearchSpace, base: RunConfig) -> None:
+    """Refuse a space with a value its key cannot take (each choice, each bound, tried alone
+    on ``base``), so that a typo fails at the start and not in every trial. Values that only
+    clash with other keys' values are left to each trial's validation."""
+    for param in space.params:
+        candidates = param.choices or (param.low, param.high)
+        for value in candidates:
+            try:
+                trial_config(base, {param.key: value}, source=space.source)
+            except ConfigError as err:
+                if f": {param.key}: " in str(err):
+                    raise ConfigError(str(err)) from None

@@ -1,0 +1,340 @@
+"""The search: Optuna asks, trials run on Dask workers, Optuna is told.
+
+:func:`run_study` keeps ``settings.workers`` trials in flight on a Dask cluster (each trial one
+in-process kgpipe run on one worker, with the worker's share of the cores), or runs the trials
+one after another from here when each trial is itself a gang (``distributed.workers > 1``).
+The study lives in Optuna's RDB storage, so the search survives this process: run again, it
+keeps every finished trial, continues the trials that were running (their run folders resume
+from their last checkpoint) and samples only what the budget has left. A failing trial is
+recorded as failed with its error; a trial whose worker died is run again (it resumes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.errors import ConfigError
+from kgpipe.tune.folder import StudyFolder
+from kgpipe.tune.settings import make_pruner, make_sampler
+from kgpipe.tune.space import describe_values, trial_config
+from kgpipe.tune.track import StudyTracker
+from kgpipe.tune.trial import TrialOutcome, TrialSpec, run_trial
+
+__all__ = ["StudyEvent", "load_optuna_study", "run_study", "trial_run_config"]
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class StudyEvent:
+    """A trial started or finished (``outcome`` set), for progress displays and artifacts."""
+
+    kind: str  # started | finished
+    number: int
+    values: dict[str, Any]
+    outcome: TrialOutcome | None = None
+    study: Any = None  # the optuna.Study
+    finished: int = 0  # trials finished in the study so far
+    budget: int | None = None
+
+
+@dataclass
+class _Running:
+    trial: Any
+    values: dict[str, Any]
+    spec: TrialSpec
+    attempts: int = 0
+    future: Any = None
+    started: float = field(default_factory=time.time)
+
+
+def _steps(base: RunConfig) -> tuple[int, int]:
+    every = base.evaluation.every or base.training.epochs
+    return every, base.training.epochs
+
+
+def load_optuna_study(folder: StudyFolder, *, create: bool = False) -> Any:
+    """The folder's Optuna study (created on the first run)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    first, last = _steps(folder.base)
+    kwargs: dict[str, Any] = {}
+    if folder.storage.startswith("sqlite"):
+        kwargs["engine_kwargs"] = {"connect_args": {"timeout": 60}}
+    storage = optuna.storages.RDBStorage(folder.storage, **kwargs)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=folder.name,
+        direction="maximize",
+        sampler=make_sampler(folder.settings),
+        pruner=make_pruner(folder.settings, first_step=first, max_step=last),
+        load_if_exists=True,
+    )
+    had = len(study.get_trials(deepcopy=False))
+    if had:  # resumed: a seed of its own, or the random start-up would repeat its draws
+        study.sampler = make_sampler(folder.settings, offset=had)
+    return study
+
+
+def trial_run_config(
+    folder: StudyFolder, number: int, values: dict[str, Any], threads: int | None
+) -> RunConfig:
+    """Trial ``number``'s run config: the base with ``values``, in the study's ``trials/``
+    folder, validated but not tested (a search selects on validation only), untracked (the
+    driver logs trials), with the worker's share of the cores."""
+    config = trial_config(folder.base, values, source=f"trial {number}")
+    training = config.training
+    if threads is not None and training.threads is None:
+        training = training.model_copy(update={"threads": threads})
+    update: dict[str, Any] = {
+        "run": config.run.model_copy(
+            update={"root": str(folder.trials_root.resolve()), "name": f"trial-{number:04d}"}
+        ),
+        "evaluation": config.evaluation.model_copy(update={"test": False}),
+        "training": training,
+        "tracking": config.tracking.model_copy(update={"backend": "none"}),
+    }
+    return config.model_copy(update=update)
+
+
+def _spec(folder: StudyFolder, trial: Any, config: RunConfig) -> TrialSpec:
+    first, last = _steps(folder.base)
+    return TrialSpec(
+        number=trial.number,
+        trial_id=trial._trial_id,
+        config=config.model_dump(mode="json"),
+        study_name=folder.name,
+        storage=folder.storage,
+        pruner={**folder.settings.model_dump(mode="json"), "first_step": first, "max_step": last},
+    )
+
+
+@contextlib.contextmanager
+def _cluster(folder: StudyFolder, gang: bool, log: Log) -> Iterator[Any]:
+    if gang:  # each trial opens its own gang: the trials run one by one from here
+        yield None
+        return
+    from kgpipe.distributed.client import open_cluster
+
+    s = folder.settings
+    with open_cluster(
+        s.cluster,
+        workers=s.workers,
+        threads_per_worker=s.threads_per_worker,
+        worker_ttl_s=folder.base.fault_tolerance.worker_ttl_s,
+        log=log,
+    ) as client:
+        yield client
+
+
+def _tell(study: Any, run: _Running, outcome: TrialOutcome) -> None:
+    from optuna.trial import TrialState
+
+    trial = run.trial
+    trial.set_user_attr("epochs", outcome.epochs)
+    trial.set_user_attr("seconds", round(outcome.seconds, 3))
+    trial.set_user_attr("best_epoch", outcome.best_epoch)
+    if outcome.url:
+        trial.set_user_attr("run", outcome.url)
+    if outcome.error:
+        trial.set_user_attr("error", outcome.error[:2000])
+    if outcome.state == "complete":
+        study.tell(trial, outcome.value, skip_if_finished=True)
+    elif outcome.state == "pruned":
+        study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
+    else:
+        study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def _finished(study: Any) -> int:
+    from optuna.trial import TrialState
+
+    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return len(study.get_trials(deepcopy=False, states=done))
+
+
+def _orphans(study: Any) -> list[Any]:
+    """Trials a killed search left running: continued, not repeated."""
+    import optuna
+    from optuna.trial import TrialState
+
+    return [
+        optuna.trial.Trial(study, t._trial_id)
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    ]
+
+
+def run_study(
+    folder: StudyFolder,
+    *,
+    on_event: Callable[[StudyEvent], None] | None = None,
+    log: Log | None = None,
+    warn: Log | None = None,
+) -> Any:
+    """Run the search of ``folder`` until its budget is spent; returns the Optuna study. One
+    search per study at a time: a second is refused (the study folder's lease), as a second
+    writer of a run folder is."""
+    from kgpipe.runs.lease import RunLease
+    from kgpipe.storage import Store
+
+    lease = RunLease(
+        Store(str(folder.path.resolve())),
+        ttl_s=folder.base.fault_tolerance.lease_ttl_s,
+        holder=f"a search of study {folder.name} (kgpipe.tune)",
+    )
+    with lease:
+        return _search(folder, on_event=on_event, log=log, warn=warn)
+
+
+def _search(
+    folder: StudyFolder,
+    *,
+    on_event: Callable[[StudyEvent], None] | None,
+    log: Log | None,
+    warn: Log | None,
+) -> Any:
+    say = log or (lambda _m: None)
+    emit = on_event or (lambda _e: None)
+    s = folder.settings
+    study = load_optuna_study(folder, create=True)
+    deadline = time.monotonic() + s.timeout_s if s.timeout_s else None
+    gang = folder.base.distributed.uses_dask
+    orphans = _orphans(study)
+    if orphans:
+        say(f"continuing {len(orphans)} trial(s) the last run left unfinished")
+    running: dict[Any, _Running] = {}
+    if not orphans and not _budget_left(study, s, deadline, 0):
+        say("the study's budget is spent: nothing to run (give a larger --trials to go on)")
+        return study
+    tracker = StudyTracker.open(folder, study, warn or say)
+
+    def budget_left() -> bool:
+        return _budget_left(study, s, deadline, len(running))
+
+    def prepare(trial: Any) -> _Running | None:
+        values = trial.user_attrs.get("values")
+        if values is None:
+            values = folder.space.sample(trial, folder.base)
+            trial.set_user_attr("values", values)
+        try:
+            threads = None if gang else _threads(s)
+            config = trial_run_config(folder, trial.number, values, threads)
+        except ConfigError as err:  # a sampled combination the config refuses
+            outcome = TrialOutcome(trial.number, "fail", error=str(err))
+            _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
+            emit(
+                StudyEvent(
+                    "finished", trial.number, values, outcome, study, _finished(study), s.trials
+                )
+            )
+            say(f"trial {trial.number}: invalid config: {err}")
+            return None
+        say(f"trial {trial.number}: {describe_values(values)}")
+        run = _Running(trial, values, _spec(folder, trial, config))
+        emit(StudyEvent("started", trial.number, values, None, study, _finished(study), s.trials))
+        return run
+
+    def finish(run: _Running, outcome: TrialOutcome) -> None:
+        if tracker is not None:  # before the trial is told: its MLflow run id is kept on it
+            tracker.trial(run.trial, run.spec.config if run.spec else None, outcome)
+        _tell(study, run, outcome)
+        shown = f"{outcome.value:.4f}" if outcome.value is not None else "-"
+        say(
+            f"trial {run.trial.number} {outcome.state}: valid MRR {shown} after {outcome.epochs} epochs"
+            + (f" ({outcome.error.splitlines()[0]})" if outcome.error else "")
+        )
+        emit(
+            StudyEvent(
+                "finished", run.trial.number, run.values, outcome, study, _finished(study), s.trials
+            )
+        )
+
+    with _cluster(folder, gang, say) as client:
+        from distributed import wait
+
+        def submit(run: _Running) -> None:
+            run.attempts += 1
+            if client is None:
+                finish(run, run_trial(run.spec))
+                return
+            run.future = client.submit(
+                run_trial,
+                run.spec,
+                key=f"trial-{run.spec.number}-{run.attempts}",
+                pure=False,
+                retries=0,
+            )
+            running[run.future] = run
+
+        while True:
+            while (client is None or len(running) < s.workers) and (orphans or budget_left()):
+                trial = orphans.pop(0) if orphans else study.ask()
+                run = prepare(trial)
+                if run is not None:
+                    submit(run)
+            if not running:
+                break
+            done, _ = wait(list(running), return_when="FIRST_COMPLETED")
+            for future in done:
+                run = running.pop(future)
+                try:
+                    outcome = future.result()
+                except Exception as err:  # the worker died (or the task could not run)
+                    if run.attempts <= s.trial_retries:
+                        say(
+                            f"trial {run.trial.number}: {type(err).__name__}: {err}; running it again"
+                        )
+                        submit(run)
+                        continue
+                    outcome = TrialOutcome(
+                        run.trial.number, "fail", error=f"{type(err).__name__}: {err}"
+                    )
+                finish(run, outcome)
+    return study
+
+
+def _budget_left(study: Any, s: Any, deadline: float | None, running: int) -> bool:
+    if deadline is not None and time.monotonic() >= deadline:
+        return False
+    return s.trials is None or _finished(study) + running < s.trials
+
+
+def _threads(settings: Any) -> int:
+    from kgpipe.distributed.clusters import worker_threads
+
+    return worker_threads(settings.workers, settings.threads_per_worker)
+
+
+def check_budget(settings: Any) -> None:
+    if settings.trials is None and settings.timeout_s is None:
+        raise ConfigError("a search needs a budget: a number of trials, a timeout, or both")
+
+
+def redact_url(url: str) -> str:
+    """A database URL with its password masked (for messages and results)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL: shown as given, it has no password part
+        return url
+
+
+def check_storage(url: str) -> None:
+    """Open the study database at ``url`` once (a missing driver, a wrong host, a path that
+    cannot be created: one line, before the study folder is written)."""
+    import optuna
+
+    try:
+        optuna.storages.RDBStorage(url)
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(
+            f"{redact_url(url)}: cannot open the study's database ({first})"
+        ) from None

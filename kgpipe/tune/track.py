@@ -1,0 +1,93 @@
+"""A search in MLflow (``tracking.backend: mlflow`` in the base config): a parent run per study,
+each trial a nested run logged by the driver when the trial ends (trials never import MLflow),
+the findings on the parent at the end. Run ids are kept in the Optuna study, so a resumed
+search continues the same parent and a continued trial its own run: nothing is logged twice.
+A tracking server failing mid-search is a warning, not the end of the search."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.tune.folder import StudyFolder
+
+__all__ = ["StudyTracker", "track_findings"]
+
+PARENT = "mlflow_run_id"
+
+
+class StudyTracker:
+    """Logs one search's trials to MLflow (``None`` from :meth:`open` when it does not track)."""
+
+    def __init__(
+        self, folder: StudyFolder, study: Any, parent: str, warn: Callable[[str], None]
+    ) -> None:
+        self.folder, self.study, self.parent, self.warn = folder, study, parent, warn
+
+    @classmethod
+    def open(
+        cls, folder: StudyFolder, study: Any, warn: Callable[[str], None]
+    ) -> StudyTracker | None:
+        tracking = folder.base.tracking
+        if tracking.backend == "none":
+            return None
+        from kgpipe.tracking import check_tracking, start_parent_run
+
+        check_tracking(tracking)  # unreachable or missing: one line, before any trial
+        params = {f"tune.{k}": v for k, v in folder.settings.model_dump(mode="json").items()}
+        params["tune.space"] = "; ".join(folder.space.describe())
+        parent = start_parent_run(
+            tracking, name=folder.name, params=params, run_id=study.user_attrs.get(PARENT)
+        )
+        study.set_user_attr(PARENT, parent)
+        return cls(folder, study, parent, warn)
+
+    def trial(self, trial: Any, config: dict[str, Any] | None, outcome: Any) -> None:
+        """Log a finished trial (its epochs, values, best valid MRR) under the study's run."""
+        from kgpipe.tracking import TrackingError, log_finished_run
+
+        if config is None:  # a combination the config refused: no run to log
+            return
+        status = {"complete": "FINISHED", "pruned": "KILLED"}.get(outcome.state, "FAILED")
+        try:
+            run_id = log_finished_run(
+                self.folder.base.tracking,
+                name=f"{self.folder.name}/trial-{trial.number:04d}",
+                parent_run_id=self.parent,
+                config=RunConfig.model_validate(config),
+                history=outcome.history,
+                params=dict(trial.user_attrs.get("values", {})),
+                metrics={"best_valid_mrr": outcome.value} if outcome.value is not None else None,
+                status=status,
+                tags={"kgpipe.trial": str(trial.number), "kgpipe.trial_state": outcome.state},
+                run_id=trial.user_attrs.get(PARENT),
+            )
+            trial.set_user_attr(PARENT, run_id)
+        except TrackingError as err:
+            self.warn(f"trial {trial.number} not logged to MLflow: {err}")
+
+
+def track_findings(
+    folder: StudyFolder, study: Any, results: dict[str, Any], warn: Callable[[str], None]
+) -> None:
+    """The study's findings on its parent run: best valid/test MRR, counts, files."""
+    parent = study.user_attrs.get(PARENT)
+    if folder.base.tracking.backend == "none" or not parent:
+        return
+    from kgpipe.tracking import TrackingError, log_parent_result
+
+    metrics: dict[str, float] = {f"trials_{k}": float(v) for k, v in results["trials"].items()}
+    metrics["trial_epochs"] = float(results["trial_epochs"])
+    best = results.get("best") or {}
+    if best.get("valid_mrr") is not None:
+        metrics["best_valid_mrr"] = float(best["valid_mrr"])
+    for k, v in (best.get("test") or {}).items():
+        if isinstance(v, int | float) and k in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
+            metrics[f"best_test_{k}"] = float(v)
+    names = ["results.json", "trials.csv", "best.yaml", "best.png", "importance.png"]
+    files = [str(folder.file(n)) for n in names if folder.file(n).exists()]
+    try:
+        log_parent_result(folder.base.tracking, parent, metrics=metrics, artifacts=files)
+    except TrackingError as err:
+        warn(f"the study's findings were not logged to MLflow: {err}")

@@ -1,0 +1,348 @@
+"""The hyperparameter search library (kgpipe.tune): spaces, trials, the study on a Dask cluster,
+resume after the driver is killed, failed trials, and the findings it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import yaml
+
+from kgpipe.config.io import load_config, parse_config
+from kgpipe.errors import ConfigError, KgpipeError, RunError
+from kgpipe.tune import (
+    SearchSpace,
+    TuneSettings,
+    default_space,
+    open_study_folder,
+    parse_duration,
+    prepare_study,
+    run_and_summarize,
+)
+from kgpipe.tune.space import check_space, trial_config
+from kgpipe.tune.study import load_optuna_study
+from kgpipe.tune.trial import TrialSpec, run_trial
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "data": {"dataset": "umls"},
+    "model": {"name": "complex", "dim": 16},
+    "training": {
+        "epochs": 4,
+        "batch_size": 512,
+        "loss": "cross_entropy",
+        "negatives": 16,
+        "lr": 0.01,
+        "threads": 1,
+    },
+    "evaluation": {"every": 2, "batch_size": 512},
+    "checkpoint": {"every": 2},
+}
+SPACE = """
+training.lr: {loguniform: [1.0e-4, 0.1]}
+model.dim: {choices: [8, 16]}
+"""
+
+
+def base_config(**sections: dict) -> object:
+    data = json.loads(json.dumps(BASE))
+    for k, v in sections.items():
+        data.setdefault(k, {}).update(v)
+    return parse_config(data)
+
+
+# -- search spaces ---------------------------------------------------------------------------
+
+
+def test_space_samples_conditionally_through_optuna() -> None:
+    space = SearchSpace.from_yaml(
+        textwrap.dedent(
+            """
+            training.mode: {choices: [negative_sampling, 1vsall]}
+            training.loss:
+              - {choices: [softplus, cross_entropy], when: {training.mode: negative_sampling}}
+              - {choices: [bce], when: {training.mode: 1vsall}}
+            training.negatives: {int: [4, 64], log: true, when: {training.mode: negative_sampling}}
+            training.lr: {loguniform: [1.0e-4, 1.0e-1]}
+            evaluation.every: 5
+            """
+        )
+    )
+    base = base_config()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    modes = set()
+    for _ in range(30):
+        trial = study.ask()
+        values = space.sample(trial, base)
+        mode = values["training.mode"]
+        modes.add(mode)
+        assert values["evaluation.every"] == 5  # a plain value is set in every trial
+        assert 1e-4 <= values["training.lr"] <= 1e-1
+        if mode == "1vsall":
+            assert values["training.loss"] == "bce"  # a one-value choice is set, not sampled
+            assert "training.negatives" not in values
+        else:
+            assert values["training.loss"] in ("softplus", "cross_entropy")
+            assert 4 <= values["training.negatives"] <= 64
+        config = trial_config(base, values)  # every sample validates
+        assert config.training.mode == mode
+        study.tell(trial, 0.0)
+    assert modes == {"negative_sampling", "1vsall"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "training.lrr: {uniform: [0.1, 1]}",
+            "training.lrr is not a config key (did you mean training.lr?)",
+        ),
+        ("training.lr: {loguniform: [0, 1]}", "a log scale needs low > 0"),
+        ("model.dim: {int: [10, 5]}", "low 10 must be below high 5"),
+        ("model.dim: {int: [10, 50], sigma: 2}", "unknown option 'sigma'"),
+        ("model.dim: {choices: []}", "`choices` must be a non-empty list"),
+        ("training.optimizer: {choices: [adam, adamw]}", "training.optimizer: unknown optimizer"),
+        (
+            "training.lr: {uniform: [0.1, 1], when: {training.mod: x}}",
+            "training.mod is not a config key",
+        ),
+        ("[1, 2]", "a search space is a non-empty mapping"),
+        ("a: [", "space.yaml"),
+    ],
+)
+def test_bad_space_is_one_clear_error(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_space(SearchSpace.from_yaml(text, source="space.yaml"), base_config())
+    assert message in str(err.value)
+    assert str(err.value).startswith("space.yaml")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("model", ["transe", "distmult", "complex", "rotate"])
+def test_shipped_spaces_sample_valid_configs(model: str) -> None:
+    space = default_space(model)
+    base = base_config(model={"name": model})
+    check_space(space, base)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(40):
+        trial = study.ask()
+        trial_config(base, space.sample(trial, base))  # raises if a sample is invalid
+        study.tell(trial, 0.0)
+
+
+def test_durations() -> None:
+    assert parse_duration("2h") == 7200
+    assert parse_duration("1h30m") == 5400
+    assert parse_duration("90m") == 5400
+    assert parse_duration("45s") == 45
+    assert parse_duration("600") == 600
+    for bad in ("abc", "", "0", "-5m"):
+        with pytest.raises(ConfigError):
+            parse_duration(bad)
+
+
+def test_a_search_needs_validation(tmp_path: Path) -> None:
+    base = base_config(evaluation={"every": 0})
+    with pytest.raises(ConfigError, match=r"evaluation\.every"):
+        prepare_study(base, SearchSpace.from_yaml(SPACE), TuneSettings(root=str(tmp_path)))
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+# -- the study ---------------------------------------------------------------------------------
+
+
+def test_failing_trial_comes_back_as_data(tmp_path: Path) -> None:
+    """A trial whose run cannot start is a failed outcome with its error, never an exception."""
+    config = base_config(data={"dataset": None, "train": str(tmp_path / "missing.tsv")})
+    out = run_trial(
+        TrialSpec(0, 0, config.model_dump(mode="json"), "s", f"sqlite:///{tmp_path}/x.db")
+    )
+    assert out.state == "fail"
+    assert "missing.tsv" in (out.error or "")
+
+
+@pytest.mark.slow
+def test_search_on_two_workers_tests_only_the_winner(tmp_path: Path) -> None:
+    space = SearchSpace.from_yaml(
+        SPACE
+        # an invalid combination (1vsall needs cross_entropy or bce): recorded as failed
+        + "training.mode: {choices: [negative_sampling, 1vsall]}\n"
+        + "training.loss: {choices: [cross_entropy, softplus]}\n"
+    )
+    settings = TuneSettings(root=str(tmp_path), name="s", trials=8, workers=2, seed=3)
+    folder = prepare_study(base_config(), space, settings)
+    events: list[tuple[str, int]] = []
+    results = run_and_summarize(folder, on_event=lambda e: events.append((e.kind, e.number)))
+    study = load_optuna_study(folder)
+    trials = study.get_trials()
+    assert len(trials) == 8
+    assert sorted(n for k, n in events if k == "finished") == list(range(8))
+    failed = [t for t in trials if t.state.name == "FAIL"]
+    for t in failed:  # only the invalid combination fails, with the config's own message
+        assert t.user_attrs["values"]["training.mode"] == "1vsall"
+        assert "needs training.loss" in t.user_attrs["error"]
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert complete
+    best = max(complete, key=lambda t: t.value)
+    assert results["best"]["trial"] == best.number
+    assert results["best"]["valid_mrr"] == pytest.approx(best.value)
+    # the value is the best validation of the trial's own metrics
+    metrics = [
+        json.loads(line)
+        for line in Path(best.user_attrs["run"], "metrics.jsonl").read_text().splitlines()
+    ]
+    assert best.value == pytest.approx(max(m["valid_mrr"] for m in metrics if "valid_mrr" in m))
+    # trials never see test; the winner is tested once, after the search
+    for t in trials:
+        if t.user_attrs.get("run"):
+            assert not Path(t.user_attrs["run"], "results.json").exists()
+    assert 0 < results["best"]["test"]["mrr"] <= 1
+    assert results["trials"] == {
+        s: sum(t.state.name.lower() == s for t in trials) for s in results["trials"]
+    }
+    # the best config trains as it is
+    best_yaml = folder.file("best.yaml")
+    config = load_config(str(best_yaml))
+    assert config.evaluation.test and config.run.name is None
+    assert config.training.lr == pytest.approx(best.user_attrs["values"]["training.lr"])
+    assert (folder.path / "trials.csv").read_text().count("\n") == 9
+    assert folder.file("best.png").exists()
+
+
+def _wait_for(predicate, timeout: float) -> None:
+    t0 = time.monotonic()
+    while not predicate():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError("timed out")
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_killed_driver_resumes_the_study_without_repeating_trials(tmp_path: Path) -> None:
+    space = SearchSpace.from_yaml(SPACE)
+    base = base_config(training={"epochs": 8})
+    settings = TuneSettings(
+        root=str(tmp_path), name="s", trials=6, workers=2, seed=0, pruner="none"
+    )
+    folder = prepare_study(base, space, settings)
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            from kgpipe.tune import open_study_folder, run_and_summarize
+            if __name__ == "__main__":
+                run_and_summarize(open_study_folder({str(folder.path)!r}))
+            """
+        )
+    )
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def finished() -> list:
+        try:
+            study = load_optuna_study(folder)
+        except Exception:
+            return []
+        return [t for t in study.get_trials() if t.state.is_finished()]
+
+    try:
+        _wait_for(lambda: len(finished()) >= 2 or proc.poll() is not None, 240)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its cluster, mid-study
+        proc.wait()
+    before = {t.number: (t.value, t.datetime_complete) for t in finished()}
+    assert 2 <= len(before) < 6, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    study = load_optuna_study(folder)
+    left_running = [t.number for t in study.get_trials() if t.state.name == "RUNNING"]
+
+    resumed = open_study_folder(folder.path)
+    logs: list[str] = []
+    run_and_summarize(resumed, log=logs.append)
+    trials = load_optuna_study(folder).get_trials()
+    assert len(trials) == 6 and all(t.state.is_finished() for t in trials)
+    for t in trials:  # finished trials are kept as they were, not run again
+        if t.number in before:
+            assert (t.value, t.datetime_complete) == before[t.number]
+    for n in left_running:  # interrupted trials continue from their checkpoint
+        assert f"trial {n}:" in "\n".join(logs)
+        metrics = (
+            Path(folder.trials_root, f"trial-{n:04d}", "metrics.jsonl").read_text().splitlines()
+        )
+        epochs = [json.loads(m)["epoch"] for m in metrics]
+        assert epochs == sorted(set(epochs)), epochs  # no epoch recorded twice
+    assert json.loads(folder.file("results.json").read_text())["trials"]["complete"] == 6
+
+
+def test_existing_study_is_refused_and_resumable(tmp_path: Path) -> None:
+    settings = TuneSettings(root=str(tmp_path), name="s", trials=2)
+    folder = prepare_study(base_config(), SearchSpace.from_yaml(SPACE), settings)
+    with pytest.raises(RunError, match="kgpipe tune --resume"):
+        prepare_study(base_config(), SearchSpace.from_yaml(SPACE), settings)
+    again = open_study_folder(folder.path).with_settings(trials=5)
+    assert again.settings.trials == 5
+    assert again.base == folder.base and again.space.raw == folder.space.raw
+    assert open_study_folder(folder.path).settings.trials == 5  # saved
+    with pytest.raises(RunError, match="not a study folder"):
+        open_study_folder(tmp_path / "nothing")
+    assert yaml.safe_load(SPACE) == again.space.raw
+
+
+def test_trial_past_its_time_limit_is_pruned_with_what_it_validated(tmp_path: Path) -> None:
+    config = base_config(
+        run={"root": str(tmp_path), "name": "t"},
+        training={"epochs": 400, "batch_size": 64},
+        evaluation={"every": 1},
+    )
+    storage = f"sqlite:///{tmp_path}/x.db"
+    trial = optuna.create_study(study_name="s", storage=storage).ask()
+    spec = TrialSpec(
+        trial.number,
+        trial._trial_id,
+        config.model_dump(mode="json"),
+        "s",
+        storage,
+        pruner={"trial_timeout_s": 3.0, "pruner": "none"},
+    )
+    t0 = time.monotonic()
+    out = run_trial(spec)
+    assert time.monotonic() - t0 < 60
+    assert out.state == "pruned" and "past the trial time limit" in (out.error or "")
+    assert out.epochs < 400  # (how many fit in 3 s depends on the machine's load)
+    if out.value is not None:  # scored by its best validation so far
+        assert out.value == max(h["valid_mrr"] for h in out.history if "valid_mrr" in h)
+
+
+def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path: Path) -> None:
+    from kgpipe.runs.lease import RunLease
+    from kgpipe.storage import Store
+    from kgpipe.tune.study import run_study
+
+    settings = TuneSettings(root=str(tmp_path), name="s", trials=2, workers=1, seed=0)
+    folder = prepare_study(
+        base_config(training={"epochs": 2}), SearchSpace.from_yaml(SPACE), settings
+    )
+    run_study(folder)
+    first = [t.params for t in load_optuna_study(folder).get_trials()]
+    logs: list[str] = []
+    run_study(open_study_folder(folder.path), log=logs.append)  # budget spent: no cluster, no trial
+    assert "budget is spent" in logs[-1]
+    run_study(open_study_folder(folder.path).with_settings(trials=4))
+    later = [t.params for t in load_optuna_study(folder).get_trials()][2:]
+    assert len(later) == 2 and all(p not in first for p in later)
+    lease = RunLease(Store(str(folder.path.resolve())), ttl_s=60, holder="another search")
+    with lease, pytest.raises(KgpipeError, match="another search"):
+        run_study(open_study_folder(folder.path).with_settings(trials=5))
