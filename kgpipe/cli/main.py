@@ -9,6 +9,7 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
+from kgpipe.cli.output import Terminated
 from kgpipe.errors import KgpipeError
 
 __all__ = ["build_parser", "main"]
@@ -16,9 +17,9 @@ __all__ = ["build_parser", "main"]
 
 def _commands() -> tuple[ModuleType, ...]:
     # each module: NAME, HELP, add_arguments(parser), run(args, console) -> exit status
-    from kgpipe.cli import config, evaluate, export, ls, neighbours, predict, train
+    from kgpipe.cli import config, evaluate, export, ls, neighbours, predict, train, tune
 
-    return (train, evaluate, export, predict, neighbours, ls, config)
+    return (train, tune, evaluate, export, predict, neighbours, ls, config)
 
 
 def _version() -> str:
@@ -39,11 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
         module.add_arguments(parser)
         parser.set_defaults(func=module.run)
     return p
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` run
-    (the run folder's lease is released, the Dask cluster and the Prefect server stopped)."""
 
 
 def _terminate(signum: int, frame: object) -> None:

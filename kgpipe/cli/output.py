@@ -19,7 +19,7 @@ from rich.table import Table
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
-__all__ = ["EvalProgress", "TrainProgress", "print_metrics"]
+__all__ = ["EvalProgress", "Terminated", "TrainProgress", "print_metrics"]
 
 
 class TrainProgress(Callback):
@@ -141,3 +141,8 @@ def print_metrics(console: Console, results: dict[str, Any], title: str) -> None
     for side, m in (("both", results), ("head", results["head"]), ("tail", results["tail"])):
         table.add_row(side, *(f"{m[k]:.4f}" if k != "mr" else f"{m[k]:.1f}" for k in keys))
     console.print(table)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` run
+    (the run folder's lease is released, the Dask cluster and the Prefect server stopped)."""

@@ -1,0 +1,387 @@
+"""``kgpipe tune``: a hyperparameter search over a base config, run by the library directly
+(Optuna trials on a local Dask cluster; the Prefect flow of the same search is ``tune-kge``);
+``--resume`` continues a study folder."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from kgpipe.cli.arguments import non_negative_int, positive_int, storage_errors, url
+from kgpipe.cli.tune_progress import (
+    TuneProgress,
+    header_text,
+    print_summary,
+    short_names,
+    trials_text,
+)
+from kgpipe.errors import ConfigError, RunError
+
+if TYPE_CHECKING:
+    from kgpipe.tune import StudyFolder, TuneSettings
+
+__all__ = ["HELP", "NAME", "TuneProgress", "add_arguments", "run", "short_names"]
+
+NAME = "tune"
+HELP = "search hyperparameters: train trials of a base config over a search space"
+PRUNERS = ("median", "hyperband", "none")
+#: the options of a new study; a resumed one keeps what it was created with
+NEW_STUDY_ONLY = (
+    ("space", "-s/--space"),
+    ("set", "--set"),
+    ("name", "--name"),
+    ("root", "--root"),
+    ("pruner", "--pruner"),
+    ("seed", "--seed"),
+    ("storage", "--storage"),
+    ("no_test", "--no-test"),
+)
+_STATE = {"complete": "complete", "pruned": "pruned", "fail": "failed", "running": "running"}
+
+
+# -- argument types: a bad value is argparse's one-line usage error ---------------------------
+
+
+def duration(text: str) -> float:
+    """``2h``, ``90m``, ``1h30m``, ``45s`` or seconds: positive."""
+    from kgpipe.tune.settings import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def study_name(text: str) -> str:
+    """A folder name (under ``--root``): not empty, no path separator."""
+    if not text.strip() or text in (".", "..") or any(c in text for c in "/\\\0"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a study name (a folder name under --root, without '/')"
+        )
+    return text
+
+
+def local_folder(text: str) -> str:
+    """A study folder, or the folder of study folders: on a local disk."""
+    url(text)
+    if "://" in text and not text.startswith("file://"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: study folders are on a local disk (a study's database is SQLite in it)"
+        )
+    return text.removeprefix("file://")
+
+
+def seed(text: str) -> int:
+    """The sampler's seed: 0 to 2**32 - 1 (numpy's range)."""
+    value = non_negative_int(text)
+    if value >= 2**32:
+        raise argparse.ArgumentTypeError(f"must be below 2**32, not {text!r}")
+    return value
+
+
+def database_url(text: str) -> str:
+    """An SQLAlchemy database URL of a dialect that is installed."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    try:
+        make_url(text).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a database URL (e.g. sqlite:////abs/path/study.db, "
+            "postgresql://user@host/db)"
+        ) from None
+    return text
+
+
+def add_arguments(t: argparse.ArgumentParser) -> None:
+    what = t.add_mutually_exclusive_group(required=True)
+    what.add_argument(
+        "-c", "--config", type=url, metavar="URL", help="the base config (any fsspec URL)"
+    )
+    what.add_argument(
+        "--resume",
+        type=local_folder,
+        metavar="STUDY",
+        help="continue this study folder: its finished trials are kept, the trials that were "
+        "running are continued, and only what the budget has left is sampled",
+    )
+    budget = t.add_argument_group("budget (a resumed study keeps its own unless given)")
+    budget.add_argument(
+        "--trials",
+        type=positive_int,
+        metavar="N",
+        help="trials in the study in all, those of earlier runs included (default: 30; none "
+        "with only --timeout)",
+    )
+    budget.add_argument(
+        "--timeout",
+        type=duration,
+        metavar="DURATION",
+        help="start no trial after this long (2h, 90m, 1h30m, 45s or seconds)",
+    )
+    budget.add_argument(
+        "--workers", type=positive_int, metavar="W", help="trials run at once (default: 1)"
+    )
+    budget.add_argument(
+        "--trial-timeout",
+        type=duration,
+        metavar="DURATION",
+        help="stop a trial that trains longer than this; it counts as pruned at its last "
+        "validation (default: no limit)",
+    )
+    new = t.add_argument_group("a new study (-c)")
+    new.add_argument(
+        "-s",
+        "--space",
+        type=url,
+        metavar="URL",
+        help="search space YAML (config key -> distribution); default: the model's shipped "
+        "space (kgpipe/tune/spaces/MODEL.yaml)",
+    )
+    new.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY.PATH=VALUE",
+        help="override a value of the base config (repeatable)",
+    )
+    new.add_argument(
+        "--name",
+        type=study_name,
+        metavar="NAME",
+        help="the study's folder name (default: tune-MODEL-DATASET-UTCTIME)",
+    )
+    new.add_argument(
+        "--root",
+        type=local_folder,
+        metavar="DIR",
+        help="local folder of study folders (default: ./studies)",
+    )
+    new.add_argument(
+        "--pruner",
+        choices=PRUNERS,
+        help="stop poor trials at a validation: the median rule (default), Hyperband or never",
+    )
+    new.add_argument("--seed", type=seed, metavar="N", help="seed of the sampler (default: 0)")
+    new.add_argument(
+        "--storage",
+        type=database_url,
+        metavar="URL",
+        help="Optuna database URL (default: SQLite in the study folder)",
+    )
+    new.add_argument(
+        "--no-test",
+        action="store_true",
+        default=None,
+        help="do not evaluate the best trial on test at the end",
+    )
+    loud = t.add_mutually_exclusive_group()
+    loud.add_argument(
+        "-q", "--quiet", action="store_true", help="only the final summary (and warnings)"
+    )
+    loud.add_argument("-v", "--verbose", action="store_true", help="also the search's log lines")
+
+
+# -- the command ------------------------------------------------------------------------------
+
+
+def _read_space(where: str) -> Any:
+    from kgpipe.storage import read_url
+    from kgpipe.tune import SearchSpace
+
+    with storage_errors(where, "read the search space"):
+        try:
+            raw = read_url(where)
+        except FileNotFoundError:
+            raise ConfigError(f"{where}: search space file not found") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{where}: is a directory, not a search space file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not a text (UTF-8) file") from None
+    return SearchSpace.from_yaml(text, source=where)
+
+
+def _settings(args: argparse.Namespace) -> TuneSettings:
+    from pydantic import ValidationError
+
+    from kgpipe.tune import TuneSettings
+
+    given = {
+        "trials": args.trials,
+        "timeout_s": args.timeout,
+        "workers": args.workers,
+        "trial_timeout_s": args.trial_timeout,
+        "name": args.name,
+        "root": args.root,
+        "pruner": args.pruner,
+        "seed": args.seed,
+        "storage": args.storage,
+        "test_best": False if args.no_test else None,
+    }
+    kwargs = {k: v for k, v in given.items() if v is not None}
+    if args.timeout is not None and args.trials is None:
+        kwargs["trials"] = None  # a time budget only
+    try:
+        return TuneSettings(**kwargs)
+    except ValidationError as err:
+        e = err.errors()[0]
+        raise ConfigError(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
+
+
+@contextlib.contextmanager
+def _database(url: str) -> Iterator[None]:
+    """A study database that cannot be opened (no driver, unreachable, a path that cannot be
+    created) as one line."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except (ImportError, SQLAlchemyError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        shown = make_url(url).render_as_string(hide_password=True)  # no password in a log
+        raise RunError(f"{shown}: cannot open the study's database ({first})") from None
+
+
+def _check_database(url: str) -> None:
+    """Open (and set up) the database of ``--storage`` before the study folder is written."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with _database(url):
+        optuna.storages.RDBStorage(url)
+
+
+def _new_study(args: argparse.Namespace) -> StudyFolder:
+    from kgpipe.config import load_config
+    from kgpipe.tune import prepare_study
+
+    base = load_config(args.config, args.set or [])
+    space = _read_space(args.space) if args.space is not None else None
+    settings = _settings(args)
+    if settings.storage is not None:
+        _check_database(settings.storage)
+    with storage_errors(settings.root, "create the study folder"):
+        return prepare_study(base, space, settings)
+
+
+def _resumed_study(args: argparse.Namespace) -> StudyFolder:
+    from kgpipe.tune import open_study_folder
+
+    given = [flag for dest, flag in NEW_STUDY_ONLY if getattr(args, dest) not in (None, [])]
+    if given:
+        raise ConfigError(
+            f"{', '.join(given)}: for a new study (-c) only; a resumed study keeps its base "
+            "config, space and settings (--trials, --timeout, --workers and --trial-timeout change its budget)"
+        )
+    with storage_errors(args.resume, "open the study folder"):
+        folder = open_study_folder(args.resume)
+        return folder.with_settings(
+            trials=args.trials,
+            timeout_s=args.timeout,
+            workers=args.workers,
+            trial_timeout_s=args.trial_timeout,
+        )
+
+
+def _so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | None]:
+    """The trials of a study by state, and its best (valid MRR, trial)."""
+    from kgpipe.tune.study import load_optuna_study
+
+    with _database(folder.storage):
+        study = load_optuna_study(folder)
+    states: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        state = str(t.state.name).lower()
+        states[state] = states.get(state, 0) + 1
+    try:
+        best = (float(study.best_value), int(study.best_trial.number))
+    except ValueError:
+        best = None
+    return states, best
+
+
+def _resume_hint(folder: StudyFolder) -> str:
+    again = f"kgpipe tune --resume {shlex.quote(str(folder.path))}"
+    return f"the study is kept: continue it with `{again}` (its running trials are continued)"
+
+
+def _finished(states: dict[str, int]) -> int:
+    return sum(n for state, n in states.items() if state in ("complete", "pruned", "fail"))
+
+
+def _spent(folder: StudyFolder, states: dict[str, int]) -> bool:
+    """Whether a resumed study has nothing left to run and its findings are written."""
+    trials = folder.settings.trials
+    return (
+        trials is not None
+        and _finished(states) >= trials
+        and not states.get("running")
+        and folder.file("results.json").exists()
+    )
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    from kgpipe.cli.output import Terminated
+    from kgpipe.tune import run_and_summarize
+
+    resumed = args.resume is not None
+    folder = _resumed_study(args) if resumed else _new_study(args)
+    states, best = _so_far(folder) if resumed else (None, None)
+    if states is not None and _spent(folder, states):
+        if not args.quiet:
+            console.print(
+                escape(
+                    f"study {folder.path} has its {trials_text(_finished(states))}: nothing to run "
+                    "(raise its budget with --trials)"
+                ),
+                highlight=False,
+                soft_wrap=True,
+            )
+        print_summary(console, folder, json.loads(folder.file("results.json").read_text()))
+        return 0
+    log = (lambda m: console.log(escape(m), highlight=False)) if args.verbose else None
+
+    def warn(message: str) -> None:  # what goes wrong without stopping the search: always shown
+        console.log(f"[yellow]warning:[/] {escape(message)}", highlight=False)
+
+    progress = None
+    if not args.quiet:
+        console.print(escape(header_text(folder, states)), highlight=False, soft_wrap=True)
+        progress = TuneProgress(
+            console,
+            keys=folder.space.keys(),
+            trials=folder.settings.trials,
+            timeout_s=folder.settings.timeout_s,
+            finished=_finished(states or {}),
+            best=best,
+        )
+        progress.start()
+    try:
+        results = run_and_summarize(folder, on_event=progress, log=log, warn=warn)
+    except KeyboardInterrupt:
+        if progress is not None:
+            progress.close()
+        console.print(
+            f"interrupted: {escape(_resume_hint(folder))}", highlight=False, soft_wrap=True
+        )
+        return 130
+    except Terminated:
+        if progress is not None:
+            progress.close()
+        console.print(escape(_resume_hint(folder)), highlight=False, soft_wrap=True)
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+    print_summary(console, folder, results)
+    return 0
