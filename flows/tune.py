@@ -1,0 +1,202 @@
+"""The hyperparameter search flow ``tune-kge``: prepare (or resume) a study -> run its trials on
+a Dask cluster -> summarize (test the winner) -> publish.
+
+Thin by design: the search is :mod:`kgpipe.tune`'s (Optuna's sampler and pruner over ordinary
+kgpipe runs, one per trial, on a Dask LocalCluster the search task holds for its length); the
+flow resolves its parameters, calls the library and shows the search in the Prefect UI: a
+trials table and a progress bar updated as trials finish, then a summary with the best-so-far
+and importance plots, the best config and its test metrics.
+
+Usage (the ``tune`` deployment of ``prefect.yaml``, or in-process)::
+
+    prefect deployment run 'tune-kge/tune' --param trials=20 --param timeout=2h \\
+        --param 'overrides=["training.epochs=30"]' --param study=umls-complex-search
+    # the same again (e.g. after the flow run was killed): the study resumes -- finished trials
+    # are kept, interrupted ones continue from their checkpoints, none is repeated; with a
+    # bigger `trials`, only the difference is sampled
+    prefect deployment run 'tune-kge/tune' --param study=umls-complex-search --param trials=40
+
+    from flows.tune import tune_kge
+    tune_kge(config_url="configs/umls-complex.yaml", space_url="space.yaml", trials=8, workers=2)
+
+Parameters: the base config as for ``train-kge`` (``config`` or ``config_url``, plus
+``overrides``); the search space (``space_url``, a YAML file, or ``space``, the same as data;
+neither: the model's shipped space, ``kgpipe/tune/spaces/``); the budget (``trials`` in the
+study in all, ``timeout`` such as ``2h`` after which no trial starts, ``workers`` trials at
+once); ``study``, the study folder: a name under ``root`` or a path (a new study is created, an
+existing one resumed with its own base config and space). Without ``study`` the study is named
+after the flow run (``tune-MODEL-DATASET-RUNNAME-ID``), so a retry of the same flow run resumes
+it too. ``pruner`` and ``seed`` are the new study's.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from pydantic import ValidationError
+
+from flows.train import flow_config
+from kgpipe.config import RunConfig
+from kgpipe.errors import ConfigError
+from kgpipe.storage import read_url
+from kgpipe.tune import SearchSpace, TuneSettings, parse_duration
+from tasks.tune import (
+    new_trials_progress,
+    new_trials_table,
+    open_or_prepare_study,
+    publish_summary,
+    run_search,
+    summarize_study,
+)
+
+__all__ = ["flow_settings", "flow_space", "study_location", "tune_kge"]
+
+Pruner = Literal["median", "hyperband", "none"]
+_TEST_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+
+
+@flow(name="tune-kge", log_prints=True, validate_parameters=True)
+def tune_kge(
+    config: RunConfig | None = None,
+    config_url: str | None = None,
+    overrides: list[str] | None = None,
+    space_url: str | None = None,
+    space: dict[str, Any] | None = None,
+    trials: int | None = 30,
+    timeout: str | float | None = None,
+    workers: int = 1,
+    study: str | None = None,
+    root: str = "./studies",
+    pruner: Pruner = "median",
+    seed: int = 0,
+    trial_timeout: str | float | None = None,
+) -> dict[str, Any]:
+    """Search the hyperparameters of the base config (``config`` or ``config_url``, plus
+    ``overrides``, as for ``train-kge``) over a search space (``space_url``: a YAML file;
+    ``space``: the same as data; neither: the model's shipped space) on a Dask cluster of
+    ``workers`` trials at once, up to ``trials`` trials in the study (``timeout``, e.g. ``2h``:
+    no trial starts after it; ``trial_timeout``, e.g. ``10m``: a trial training longer counts
+    as pruned at its last validation), then test the best trial. ``study``: the study folder (a name
+    under ``root``, or a path); an existing one is resumed -- run the flow again with the same
+    ``study`` to continue a killed search or to add trials. A bad config, space or budget
+    fails the run before any work."""
+    t0 = time.perf_counter()
+    logger = get_run_logger()
+    base = flow_config(config, config_url, overrides, log=logger.info)
+    search_space = flow_space(space_url, space)
+    settings = flow_settings(
+        base, study=study, root=root, trials=trials, timeout=timeout, workers=workers,
+        pruner=pruner, seed=seed, trial_timeout=trial_timeout,
+    )  # fmt: skip
+    folder = open_or_prepare_study(base, search_space, settings)
+    table = new_trials_table(folder)  # one table per flow run, updated as trials finish
+    progress = new_trials_progress(folder)
+    seconds = run_search(folder, table, progress)
+    results = summarize_study(folder, seconds)
+    publish_summary(folder, results)
+    best = results.get("best")
+    summary = {
+        "study": str(folder.path.resolve()),
+        "results": str(folder.file("results.json").resolve()),
+        "trials": results.get("trials", {}),
+        "best": None
+        if not best
+        else {
+            "trial": best["trial"],
+            "valid_mrr": best["valid_mrr"],
+            "values": best.get("values", {}),
+            "config": best.get("config"),
+            "test": {k: v for k, v in (best.get("test") or {}).items() if k in _TEST_KEYS} or None,
+        },
+        "seconds": time.perf_counter() - t0,
+    }
+    logger.info("done: %s", summary)
+    return summary
+
+
+def flow_space(space_url: str | None, space: dict[str, Any] | None) -> SearchSpace | None:
+    """The search space of the parameters (None: the model's shipped space); a bad file, key
+    or distribution raises :class:`~kgpipe.errors.ConfigError` (one line)."""
+    if space_url and space is not None:
+        raise ConfigError("give either space or space_url, not both (or neither: the model's "
+                          "shipped search space)")  # fmt: skip
+    if space is not None:
+        return SearchSpace.from_mapping(space, source="space")
+    if not space_url:
+        return None
+    try:
+        raw = read_url(space_url)
+    except FileNotFoundError:
+        raise ConfigError(f"{space_url}: search space file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{space_url}: is a directory, not a search space file") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"{space_url}: cannot read the search space ({err})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{space_url}: not a text (UTF-8) file") from None
+    return SearchSpace.from_yaml(text, source=space_url)
+
+
+def study_location(study: str | None, root: str) -> tuple[str, str | None]:
+    """``(root, name)`` of the study folder: ``study`` is a name under ``root`` or a path (with
+    a ``/``; its parent is then the root); None: the name is the flow run's (see
+    :func:`flow_settings`)."""
+    if study is None:
+        return root, None
+    text = study.removeprefix("file://").rstrip("/" + os.sep)
+    head, sep, name = text.replace(os.sep, "/").rpartition("/")
+    if name in ("", ".", ".."):
+        raise ConfigError(f"study: {study!r} does not name a study folder")
+    if not sep:
+        return root, name
+    return head or "/", name
+
+
+def flow_settings(
+    base: RunConfig,
+    *,
+    study: str | None,
+    root: str,
+    trials: int | None,
+    timeout: str | float | None,
+    workers: int,
+    pruner: Pruner,
+    seed: int,
+    trial_timeout: str | float | None = None,
+) -> TuneSettings:
+    """The search's settings from the flow's parameters; a bad value raises ConfigError."""
+    where, name = study_location(study, root)
+    if name is None:
+        name = _flow_run_study_name(base)
+    try:
+        return TuneSettings(
+            name=name,
+            root=where,
+            trials=trials,
+            timeout_s=None if timeout in (None, "") else parse_duration(timeout),
+            workers=workers,
+            pruner=pruner,
+            seed=seed,
+            trial_timeout_s=None if trial_timeout in (None, "") else parse_duration(trial_timeout),
+        )
+    except ValidationError as err:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in err.errors()
+        )
+        raise ConfigError(f"search settings: {problems}") from None
+
+
+def _flow_run_study_name(base: RunConfig) -> str | None:
+    """``tune-MODEL-DATASET-RUNNAME-ID`` of this flow run (the same for a retry of it, which
+    then resumes the study); None outside a flow run (the library's timestamped name)."""
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return None
+    name = "".join(c if c.isalnum() or c == "-" else "-" for c in str(flow_run.name or "run"))
+    return f"tune-{base.model.name}-{base.data.dataset or 'custom'}-{name}-{str(flow_run.id)[:8]}"

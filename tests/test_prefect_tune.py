@@ -1,0 +1,229 @@
+"""The `tune-kge` flow (flows/tune.py): a search on UMLS run in-process against a real Prefect
+server, its artifacts read back through the client, a rerun that resumes the study; and the
+deployments of prefect.yaml, whose entrypoints and default parameters must hold."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prefect_support import PrefectServer
+
+REPO = Path(__file__).resolve().parents[1]
+
+SPACE = """
+training.lr: {loguniform: [0.02, 0.5]}
+model.dim: {choices: [8, 16]}
+"""
+OVERRIDES = [
+    "model.dim=16",
+    "training.epochs=4",
+    "training.batch_size=512",
+    "evaluation.every=2",
+    "evaluation.batch_size=512",
+    "checkpoint.every=2",
+]
+
+
+def _artifacts(run_id: Any) -> list[Any]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as c:
+        return list(
+            c.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]))
+            )
+        )
+
+
+def _finished(study_dir: Path) -> dict[int, tuple[Any, Any]]:
+    import optuna
+
+    storage = f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    study = optuna.load_study(study_name=study_dir.name, storage=storage)
+    return {
+        t.number: (t.value, t.datetime_complete)
+        for t in study.get_trials()
+        if t.state.is_finished()
+    }
+
+
+@pytest.mark.slow
+def test_tune_flow_publishes_its_trials_and_resumes(
+    prefect_env: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.tune import tune_kge
+    from kgpipe.config import load_config
+
+    monkeypatch.chdir(REPO)  # config_url is relative to the flow run's working directory
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    study_dir = tmp_path / "studies" / "umls-small"
+    params: dict[str, Any] = {
+        "config_url": "configs/umls-complex.yaml",
+        "overrides": OVERRIDES,
+        "space_url": str(space),
+        "workers": 2,
+        "study": str(study_dir),
+        "pruner": "none",
+        "seed": 1,
+    }
+    state = tune_kge(**params, trials=4, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["study"] == str(study_dir.resolve())
+    assert summary["trials"] == {"complete": 4}
+    assert 0 < summary["best"]["test"]["mrr"] <= 1
+
+    # the study folder: what the search found, and a best config that loads as it is
+    results = json.loads((study_dir / "results.json").read_text())
+    assert results["trials"] == {"complete": 4}
+    best = load_config(str(study_dir / "best.yaml"))
+    assert best.evaluation.test and best.model.dim in (8, 16)
+    assert best.training.lr == pytest.approx(results["best"]["values"]["training.lr"])
+
+    # the artifacts of the flow run: one trials table (one row per trial), progress, summary
+    run_id = state.state_details.flow_run_id
+    arts = _artifacts(run_id)
+    tables = [a for a in arts if a.key == "kgpipe-study-umls-small-trials"]
+    assert len(tables) == 1, [(a.key, a.id) for a in arts]
+    rows = json.loads(tables[0].data)
+    assert [r["trial"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["state"] == "complete" and 0 < r["valid_mrr"] <= 1 for r in rows), rows
+    assert all(r["epochs"] == 4 and r["duration_s"] > 0 for r in rows), rows
+    assert all({"training.lr", "model.dim"} <= set(r) for r in rows), rows
+    progress = [a for a in arts if a.key == "kgpipe-study-umls-small-progress"]
+    assert len(progress) == 1 and float(progress[0].data) == 100.0
+    reports = [a for a in arts if a.key == "kgpipe-study-umls-small-summary"]
+    assert len(reports) == 1
+    md = reports[0].data
+    assert md.count("data:image/png;base64,") == 1 + (study_dir / "importance.png").exists()
+    assert "```yaml" in md and "Test metrics" in md and "| mrr |" in md
+    assert f"## Best trial: {results['best']['trial']} " in md
+
+    # the same flow again with a bigger budget: the 4 trials are kept, 2 are added
+    before = _finished(study_dir)
+    again = tune_kge(**params, trials=6, return_state=True)
+    assert again.is_completed(), again.message
+    after = _finished(study_dir)
+    assert sorted(after) == list(range(6))
+    assert {n: after[n] for n in before} == before  # not run again
+    assert json.loads((study_dir / "results.json").read_text())["trials"] == {"complete": 6}
+    assert sorted(p.name for p in (study_dir / "trials").iterdir()) == [
+        f"trial-{n:04d}" for n in range(6)
+    ]
+    rows = json.loads(
+        next(
+            a for a in _artifacts(again.state_details.flow_run_id)
+            if a.key == "kgpipe-study-umls-small-trials"
+        ).data
+    )  # fmt: skip
+    assert [r["trial"] for r in rows] == list(range(6))
+
+
+@pytest.mark.slow
+def test_bad_search_parameters_fail_before_any_work(
+    prefect_env: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.tune import tune_kge
+
+    monkeypatch.chdir(REPO)
+    root = tmp_path / "studies"
+    common: dict[str, Any] = {"config_url": "configs/umls-complex.yaml", "root": str(root)}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"space": {"training.lrr": {"uniform": [0.1, 1]}}}, "did you mean training.lr?"),
+        ({"space": {"model.dim": {"choices": [8]}}, "space_url": "x.yaml"}, "not both"),
+        ({"space_url": str(tmp_path / "nope.yaml")}, "search space file not found"),
+        ({"timeout": "soon"}, "is not a duration"),
+        ({"trials": 0}, "trials"),
+        ({"overrides": ["evaluation.every=0"]}, "evaluation.every"),
+    ]
+    for extra, message in cases:
+        state = tune_kge(**common, **extra, return_state=True)
+        assert state.is_failed(), extra
+        assert message in str(state.message), (extra, state.message)
+        assert "\n" not in str(state.message), state.message
+    assert not root.exists() or not any(root.iterdir())  # nothing written
+
+
+def test_study_location() -> None:
+    from flows.tune import study_location
+    from kgpipe.errors import ConfigError
+
+    assert study_location(None, "./studies") == ("./studies", None)
+    assert study_location("umls", "./studies") == ("./studies", "umls")
+    assert study_location("./umls", "./studies") == (".", "umls")
+    assert study_location("/data/studies/umls/", "./studies") == ("/data/studies", "umls")
+    assert study_location("file:///s/umls", "x") == ("/s", "umls")
+    with pytest.raises(ConfigError):
+        study_location("studies/..", "x")
+
+
+def test_trials_table_rows_have_every_column() -> None:
+    import optuna
+
+    from tasks.tune import table_rows
+
+    study = optuna.create_study(direction="maximize")
+    for i, values in enumerate([{"training.lr": 0.1}, {"training.lr": 0.2, "model.dim": 8}]):
+        trial = study.ask()
+        trial.set_user_attr("values", values)
+        trial.set_user_attr("epochs", 4)
+        trial.set_user_attr("seconds", 1.5)
+        study.tell(trial, 0.5 + i / 10)
+    failed = study.ask()
+    failed.set_user_attr("values", {"training.lr": 0.3})
+    failed.set_user_attr("error", "boom\nline 2")
+    study.tell(failed, state=optuna.trial.TrialState.FAIL)
+    rows = table_rows(study)
+    assert list(rows[0]) == [
+        "trial", "state", "valid_mrr", "duration_s", "epochs", "training.lr", "model.dim", "error",
+    ]  # fmt: skip
+    assert [r["state"] for r in rows] == ["complete", "complete", "fail"]
+    assert rows[0]["model.dim"] is None and rows[1]["model.dim"] == 8
+    assert rows[2]["error"] == "boom" and rows[0]["error"] is None
+
+
+def _deployments() -> list[dict[str, Any]]:
+    return list(yaml.safe_load((REPO / "prefect.yaml").read_text())["deployments"])
+
+
+@pytest.mark.parametrize("deployment", _deployments(), ids=lambda d: d["name"])
+def test_each_deployment_entrypoint_is_a_flow_taking_its_defaults(
+    deployment: dict[str, Any],
+) -> None:
+    from prefect import Flow
+
+    path, _, name = deployment["entrypoint"].partition(":")
+    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+    flow = getattr(module, name)
+    assert isinstance(flow, Flow)
+    flow.validate_parameters(deployment.get("parameters") or {})  # raises on a bad default
+
+
+def test_the_tune_deployment_defaults_make_a_valid_search(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flows.params import resolve_config
+    from flows.tune import flow_settings, flow_space
+    from kgpipe.tune import default_space
+    from kgpipe.tune.space import check_space
+
+    monkeypatch.chdir(REPO)
+    params = next(d for d in _deployments() if d["name"] == "tune")["parameters"]
+    base = resolve_config(None, params["config_url"], params.get("overrides"))
+    assert base.evaluation.every and base.training.epochs <= 30  # short trials
+    space = flow_space(params.get("space_url"), params.get("space")) or default_space(
+        base.model.name
+    )
+    check_space(space, base)
+    settings = flow_settings(
+        base, study=None, root=str(tmp_path), trials=params.get("trials"), timeout=None,
+        workers=params.get("workers", 1), pruner="median", seed=0,
+    )  # fmt: skip
+    assert settings.trials is not None and settings.trials <= 20
