@@ -65,9 +65,9 @@ def tune_kge(
     overrides: list[str] | None = None,
     space_url: str | None = None,
     space: dict[str, Any] | None = None,
-    trials: int | None = 30,
+    trials: int | None = None,
     timeout: str | float | None = None,
-    workers: int = 1,
+    workers: int | None = None,
     study: str | None = None,
     root: str = "./studies",
     pruner: Pruner = "median",
@@ -91,7 +91,10 @@ def tune_kge(
         base, study=study, root=root, trials=trials, timeout=timeout, workers=workers,
         pruner=pruner, seed=seed, trial_timeout=trial_timeout,
     )  # fmt: skip
-    folder = open_or_prepare_study(base, search_space, settings)
+    given = {"trials": trials, "timeout_s": timeout, "workers": workers}
+    given["trial_timeout_s"] = trial_timeout
+    budget = {k: getattr(settings, k) for k, v in given.items() if v not in (None, "")}
+    folder = open_or_prepare_study(base, search_space, settings, budget)
     table = new_trials_table(folder)  # one table per flow run, updated as trials finish
     progress = new_trials_progress(folder)
     seconds = run_search(folder, table, progress)
@@ -164,12 +167,14 @@ def flow_settings(
     root: str,
     trials: int | None,
     timeout: str | float | None,
-    workers: int,
+    workers: int | None,
     pruner: Pruner,
     seed: int,
     trial_timeout: str | float | None = None,
 ) -> TuneSettings:
-    """The search's settings from the flow's parameters; a bad value raises ConfigError."""
+    """The search's settings from the flow's parameters; a bad value raises ConfigError. A new
+    study without ``trials`` gets 30, or none with only a ``timeout``; without ``workers``, 1
+    (a resumed study keeps its own unless given: :func:`budget_given`)."""
     where, name = study_location(study, root)
     if name is None:
         name = _flow_run_study_name(base)
@@ -177,9 +182,9 @@ def flow_settings(
         return TuneSettings(
             name=name,
             root=where,
-            trials=trials,
+            trials=trials if trials is not None else (None if timeout else 30),
             timeout_s=None if timeout in (None, "") else parse_duration(timeout),
-            workers=workers,
+            workers=workers or 1,
             pruner=pruner,
             seed=seed,
             trial_timeout_s=None if trial_timeout in (None, "") else parse_duration(trial_timeout),

@@ -53,11 +53,14 @@ _FIRST = ("trial", "state", "valid_mrr", "duration_s", "epochs")
 
 @task(cache_policy=NO_CACHE, timeout_seconds=600)
 def open_or_prepare_study(
-    base: RunConfig, space: SearchSpace | None, settings: TuneSettings
+    base: RunConfig,
+    space: SearchSpace | None,
+    settings: TuneSettings,
+    budget: dict[str, Any] | None = None,
 ) -> StudyFolder:
     """The study folder ``settings.root/settings.name``: resumed when it exists (its own base
-    config and space; this run's budget: trials, timeout, workers), else checked and created
-    (``space`` None: the model's shipped space)."""
+    config, space and budget, but for what ``budget`` gives: trials, timeout_s, workers,
+    trial_timeout_s), else checked and created (``space`` None: the model's shipped space)."""
     logger = get_run_logger()
     path = Path(settings.root) / settings.name if settings.name else None
     if path is None or not (path / STUDY).exists():
@@ -75,12 +78,7 @@ def open_or_prepare_study(
                 "%s keeps its %s (%s), not this run's (%s)",
                 path, name, getattr(folder.settings, name), getattr(settings, name),
             )  # fmt: skip
-    folder = folder.with_settings(
-        trials=settings.trials,
-        timeout_s=settings.timeout_s,
-        workers=settings.workers,
-        trial_timeout_s=settings.trial_timeout_s,
-    )
+    folder = folder.with_settings(**(budget or {}))
     logger.info("resuming study %s (%d trial(s) in all)", folder.path, folder.settings.trials or 0)
     return folder
 

@@ -101,6 +101,7 @@ def test_every_readme_command_runs(tmp_path: Path, s3_server: S3Server) -> None:
     for command in readme_commands():
         command = command.replace("training.epochs=150", "training.epochs=6")
         command = command.replace("s3://bucket/", "s3://kgpipe/readme/")
+        command = command.replace("--trials 12", "--trials 3")
         run(shlex.split(command)[1:])
     assert (tmp_path / "runs" / "my-run" / "results.json").exists()
     history = (tmp_path / "runs" / "my-run" / "metrics.jsonl").read_text().splitlines()

@@ -115,6 +115,10 @@ def test_space_samples_conditionally_through_optuna() -> None:
             "training.lr: {uniform: [0.1, 1], when: {training.mod: x}}",
             "training.mod is not a config key",
         ),
+        ("model.dim: {int: [10, 50], step: 0.5}", "`step` must be a positive integer"),
+        ("training.lr: {uniform: [0.1, 1], step: 0}", "`step` must be a positive number"),
+        ("evaluation.every: {choices: [1, 5]}", "set it in the base config, not the space"),
+        ("training.epochs: 20", "set it in the base config, not the space"),
         ("[1, 2]", "a search space is a non-empty mapping"),
         ("a: [", "space.yaml"),
     ],
@@ -346,3 +350,17 @@ def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path:
     lease = RunLease(Store(str(folder.path.resolve())), ttl_s=60, holder="another search")
     with lease, pytest.raises(KgpipeError, match="another search"):
         run_study(open_study_folder(folder.path).with_settings(trials=5))
+
+
+def test_a_shared_database_refuses_a_taken_study_name(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/shared.db"
+    optuna.create_study(study_name="taken", storage=storage)
+    settings = TuneSettings(root=str(tmp_path / "studies"), name="taken", storage=storage)
+    with pytest.raises(ConfigError, match="has a study named 'taken' already"):
+        prepare_study(base_config(), SearchSpace.from_yaml(SPACE), settings)
+    assert not (tmp_path / "studies").exists()  # nothing written
+    bad = TuneSettings(
+        root=str(tmp_path / "studies"), name="x", storage="sqlite:////no/such/dir/x.db"
+    )
+    with pytest.raises(ConfigError, match="cannot open the study's database"):
+        prepare_study(base_config(), SearchSpace.from_yaml(SPACE), bad)

@@ -5,10 +5,8 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import shlex
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -22,7 +20,7 @@ from kgpipe.cli.tune_progress import (
     short_names,
     trials_text,
 )
-from kgpipe.errors import ConfigError, RunError
+from kgpipe.errors import ConfigError
 
 if TYPE_CHECKING:
     from kgpipe.tune import StudyFolder, TuneSettings
@@ -43,7 +41,6 @@ NEW_STUDY_ONLY = (
     ("storage", "--storage"),
     ("no_test", "--no-test"),
 )
-_STATE = {"complete": "complete", "pruned": "pruned", "fail": "failed", "running": "running"}
 
 
 # -- argument types: a bad value is argparse's one-line usage error ---------------------------
@@ -57,6 +54,17 @@ def duration(text: str) -> float:
         return parse_duration(text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def cluster_address(text: str) -> str:
+    """``local`` or a Dask scheduler address."""
+    from kgpipe.distributed.clusters import is_address
+
+    if text == "local" or is_address(text):
+        return text
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither `local` nor a scheduler address (tcp://host:8786)"
+    )
 
 
 def study_name(text: str) -> str:
@@ -129,6 +137,19 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     )
     budget.add_argument(
         "--workers", type=positive_int, metavar="W", help="trials run at once (default: 1)"
+    )
+    budget.add_argument(
+        "--cluster",
+        type=cluster_address,
+        metavar="ADDRESS",
+        help="run the trials on a running Dask scheduler (tcp://host:8786) instead of a "
+        "LocalCluster; its workers need --storage unless they share this disk",
+    )
+    budget.add_argument(
+        "--threads-per-worker",
+        type=positive_int,
+        metavar="N",
+        help="torch threads per trial (default: cores // workers)",
     )
     budget.add_argument(
         "--trial-timeout",
@@ -220,6 +241,8 @@ def _settings(args: argparse.Namespace) -> TuneSettings:
         "timeout_s": args.timeout,
         "workers": args.workers,
         "trial_timeout_s": args.trial_timeout,
+        "cluster": args.cluster,
+        "threads_per_worker": args.threads_per_worker,
         "name": args.name,
         "root": args.root,
         "pruner": args.pruner,
@@ -237,39 +260,13 @@ def _settings(args: argparse.Namespace) -> TuneSettings:
         raise ConfigError(f"{'.'.join(map(str, e['loc']))}: {e['msg']}") from None
 
 
-@contextlib.contextmanager
-def _database(url: str) -> Iterator[None]:
-    """A study database that cannot be opened (no driver, unreachable, a path that cannot be
-    created) as one line."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        yield
-    except (ImportError, SQLAlchemyError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        shown = make_url(url).render_as_string(hide_password=True)  # no password in a log
-        raise RunError(f"{shown}: cannot open the study's database ({first})") from None
-
-
-def _check_database(url: str) -> None:
-    """Open (and set up) the database of ``--storage`` before the study folder is written."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    with _database(url):
-        optuna.storages.RDBStorage(url)
-
-
 def _new_study(args: argparse.Namespace) -> StudyFolder:
     from kgpipe.config import load_config
     from kgpipe.tune import prepare_study
 
     base = load_config(args.config, args.set or [])
     space = _read_space(args.space) if args.space is not None else None
-    settings = _settings(args)
-    if settings.storage is not None:
-        _check_database(settings.storage)
+    settings = _settings(args)  # prepare_study opens a --storage database first (one line)
     with storage_errors(settings.root, "create the study folder"):
         return prepare_study(base, space, settings)
 
@@ -281,7 +278,7 @@ def _resumed_study(args: argparse.Namespace) -> StudyFolder:
     if given:
         raise ConfigError(
             f"{', '.join(given)}: for a new study (-c) only; a resumed study keeps its base "
-            "config, space and settings (--trials, --timeout, --workers and --trial-timeout change its budget)"
+            "config, space and settings (the budget options change its budget)"
         )
     with storage_errors(args.resume, "open the study folder"):
         folder = open_study_folder(args.resume)
@@ -290,15 +287,17 @@ def _resumed_study(args: argparse.Namespace) -> StudyFolder:
             timeout_s=args.timeout,
             workers=args.workers,
             trial_timeout_s=args.trial_timeout,
+            cluster=args.cluster,
+            threads_per_worker=args.threads_per_worker,
         )
 
 
 def _so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | None]:
     """The trials of a study by state, and its best (valid MRR, trial)."""
-    from kgpipe.tune.study import load_optuna_study
+    from kgpipe.tune.study import check_storage, load_optuna_study
 
-    with _database(folder.storage):
-        study = load_optuna_study(folder)
+    check_storage(folder.storage)  # one line when it cannot be opened
+    study = load_optuna_study(folder)
     states: dict[str, int] = {}
     for t in study.get_trials(deepcopy=False):
         state = str(t.state.name).lower()

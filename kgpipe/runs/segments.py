@@ -79,11 +79,13 @@ def drive_segments(
     for end in segment_ends(run.resumed_epoch, run.config):
         segment = train_until(end)
         history, restarts = segment.history, segment.restarts
+        # asked after every segment, the last and an early-stopped one too: a pruner records
+        # each validation
+        stopped = stop is not None and stop(history)
         if should_stop(history, run.config.evaluation.patience):
             say(f"early stopping after epoch {end}: no better valid MRR")
             break
-        # asked at the last segment too: a pruner records the final validation
-        if stop is not None and stop(history) and end < run.config.training.epochs:
+        if stopped and end < run.config.training.epochs:
             say(f"stopped after epoch {end} (pruned)")
             break
     return history, restarts

@@ -57,7 +57,7 @@ def prepare_study(
     space = space or default_space(base.model.name)
     check_space(space, base)
     if settings.storage:
-        check_storage(settings.storage)
+        check_storage(settings.storage, name=settings.name)
     if not base.evaluation.every:
         raise ConfigError(
             "a search selects on validation: set evaluation.every in the base config "

@@ -12,6 +12,7 @@ from typing import Any
 
 from kgpipe.config import RunConfig
 from kgpipe.config.io import config_to_yaml
+from kgpipe.errors import KgpipeError
 from kgpipe.tune.folder import StudyFolder
 from kgpipe.tune.space import trial_config
 from kgpipe.tune.study import redact_url
@@ -30,11 +31,9 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
     """One row per trial: number, state, valid MRR, epochs, seconds, the sampled values."""
     rows = []
     for t in study.get_trials(deepcopy=False):
-        value = (
-            t.value
-            if t.value is not None
-            else (max(t.intermediate_values.values()) if t.intermediate_values else None)
-        )
+        value = t.user_attrs.get("best_valid_mrr")  # a pruned trial's t.value is its last
+        if value is None:
+            value = t.value
         row: dict[str, Any] = {
             "trial": t.number,
             "state": _state(t),
@@ -200,9 +199,14 @@ def summarize(
         if test and best.user_attrs.get("run"):
             say(f"testing the best trial ({best.number}) on test")
             t0 = time.perf_counter()
-            metrics = evaluate_run(best.user_attrs["run"], split="test", checkpoint="best")
-            metrics["seconds"] = time.perf_counter() - t0
-            results["best"]["test"] = metrics
+            try:
+                metrics = evaluate_run(best.user_attrs["run"], split="test", checkpoint="best")
+            except KgpipeError as err:  # the findings are written all the same
+                (warn or say)(f"the best trial could not be tested: {err}")
+                results["best"]["test_error"] = str(err)
+            else:
+                metrics["seconds"] = time.perf_counter() - t0
+                results["best"]["test"] = metrics
     results["plots"] = write_plots(folder, study)
     folder.write_json("results.json", results)
     track_findings(folder, study, results, warn or say)

@@ -133,6 +133,7 @@ def make_pruner(settings: TuneSettings, *, first_step: int = 1, max_step: int = 
         )
     return optuna.pruners.MedianPruner(
         n_startup_trials=max(3, settings.workers),
-        n_warmup_steps=first_step * settings.prune_warmup,
+        # Optuna prunes at step >= n_warmup_steps: +1 spares the first `prune_warmup` validations
+        n_warmup_steps=first_step * settings.prune_warmup + 1,
         interval_steps=1,
     )

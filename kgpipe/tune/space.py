@@ -8,7 +8,7 @@ One entry per config key (a dotted path of the run config)::
     training.loss:                      # alternatives, each under its own condition
       - {choices: [cross_entropy, softplus, nssa], when: {training.mode: negative_sampling}}
       - {choices: [cross_entropy], when: {training.mode: [1vsall, kvsall]}}
-    evaluation.every: 5                 # a plain value: set in every trial
+    training.optimizer: adam            # a plain value: set in every trial
 
 Distributions: ``uniform: [low, high]``, ``loguniform: [low, high]``, ``int: [low, high]`` (with
 optional ``log: true`` and ``step``), ``choices: [...]``. ``when: {key: value-or-list}`` samples
@@ -153,10 +153,20 @@ def _param(source: str, key: str, name: str, spec: Any) -> Param:
     step = spec.get("step")
     if step is not None and (log or kind == "loguniform"):
         raise ConfigError(f"{where}: `step` cannot be combined with a log scale")
+    if step is not None and (
+        isinstance(step, bool)
+        or not isinstance(step, int | float)
+        or step <= 0
+        or (kind == "int" and not isinstance(step, int))
+    ):
+        whole = "a positive integer" if kind == "int" else "a positive number"
+        raise ConfigError(f"{where}: `step` must be {whole}, got {step!r}")
     return Param(key, name, kind, low=low, high=high, log=log, step=step, when=tuple(when))
 
 
 _KNOWN: frozenset[str] | None = None
+#: the pruner's step grid: the same for every trial, so from the base config only
+_STEP_GRID = ("evaluation.every", "training.epochs")
 
 
 def _check_key(source: str, key: str) -> None:
@@ -250,6 +260,11 @@ def check_space(space: SearchSpace, base: RunConfig) -> None:
     on ``base``), so that a typo fails at the start and not in every trial. Values that only
     clash with other keys' values are left to each trial's validation."""
     for param in space.params:
+        if param.key in _STEP_GRID:
+            raise ConfigError(
+                f"{space.source}: {param.key}: set it in the base config, not the space (every "
+                "trial must validate at the same epochs for the pruner to compare them)"
+            )
         candidates = param.choices or (param.low, param.high)
         for value in candidates:
             try:

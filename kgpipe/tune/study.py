@@ -11,6 +11,7 @@ recorded as failed with its error; a trial whose worker died is run again (it re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterator
@@ -140,6 +141,8 @@ def _tell(study: Any, run: _Running, outcome: TrialOutcome) -> None:
     trial.set_user_attr("epochs", outcome.epochs)
     trial.set_user_attr("seconds", round(outcome.seconds, 3))
     trial.set_user_attr("best_epoch", outcome.best_epoch)
+    # a pruned trial's value in Optuna is its last validation; the table shows its best
+    trial.set_user_attr("best_valid_mrr", outcome.value)
     if outcome.url:
         trial.set_user_attr("run", outcome.url)
     if outcome.error:
@@ -218,22 +221,29 @@ def _search(
         return _budget_left(study, s, deadline, len(running))
 
     def prepare(trial: Any) -> _Running | None:
-        values = trial.user_attrs.get("values")
-        if values is None:
-            values = folder.space.sample(trial, folder.base)
-            trial.set_user_attr("values", values)
+        values = trial.user_attrs.get("values") or {}
+        pruned_at = trial.user_attrs.get("pruned_at")
+        if pruned_at is not None:  # pruned, but the driver died before it was told
+            outcome = TrialOutcome(trial.number, "pruned")
+            _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
+            say(f"trial {trial.number}: pruned at epoch {pruned_at} (recorded)")
+            return None
         try:
+            if "values" not in trial.user_attrs:
+                values = folder.space.sample(trial, folder.base)
+                trial.set_user_attr("values", values)
             threads = None if gang else _threads(s)
             config = trial_run_config(folder, trial.number, values, threads)
-        except ConfigError as err:  # a sampled combination the config refuses
-            outcome = TrialOutcome(trial.number, "fail", error=str(err))
+        except Exception as err:  # a sampled combination the config refuses (or a bug)
+            error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
+            outcome = TrialOutcome(trial.number, "fail", error=error)
             _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
             emit(
                 StudyEvent(
                     "finished", trial.number, values, outcome, study, _finished(study), s.trials
                 )
             )
-            say(f"trial {trial.number}: invalid config: {err}")
+            say(f"trial {trial.number}: invalid config: {error}")
             return None
         say(f"trial {trial.number}: {describe_values(values)}")
         run = _Running(trial, values, _spec(folder, trial, config))
@@ -242,7 +252,7 @@ def _search(
 
     def finish(run: _Running, outcome: TrialOutcome) -> None:
         if tracker is not None:  # before the trial is told: its MLflow run id is kept on it
-            tracker.trial(run.trial, run.spec.config if run.spec else None, outcome)
+            tracker.trial(run.trial, run.spec.config, outcome)
         _tell(study, run, outcome)
         shown = f"{outcome.value:.4f}" if outcome.value is not None else "-"
         say(
@@ -285,7 +295,8 @@ def _search(
                 run = running.pop(future)
                 try:
                     outcome = future.result()
-                except Exception as err:  # the worker died (or the task could not run)
+                except (Exception, asyncio.CancelledError) as err:  # the worker died (or the
+                    # task could not run; a cancelled future's error is a BaseException)
                     if run.attempts <= s.trial_retries:
                         say(
                             f"trial {run.trial.number}: {type(err).__name__}: {err}; running it again"
@@ -326,15 +337,22 @@ def redact_url(url: str) -> str:
         return url
 
 
-def check_storage(url: str) -> None:
+def check_storage(url: str, *, name: str | None = None) -> None:
     """Open the study database at ``url`` once (a missing driver, a wrong host, a path that
-    cannot be created: one line, before the study folder is written)."""
+    cannot be created: one line, before the study folder is written); a new study ``name``
+    must not be taken there (a shared database holds several studies)."""
     import optuna
 
     try:
-        optuna.storages.RDBStorage(url)
+        storage = optuna.storages.RDBStorage(url)
+        taken = name is not None and name in optuna.study.get_all_study_names(storage)
     except Exception as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ConfigError(
             f"{redact_url(url)}: cannot open the study's database ({first})"
         ) from None
+    if taken:
+        raise ConfigError(
+            f"{redact_url(url)} has a study named {name!r} already: choose another name, or "
+            "resume its study folder"
+        )

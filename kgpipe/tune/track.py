@@ -43,12 +43,10 @@ class StudyTracker:
         study.set_user_attr(PARENT, parent)
         return cls(folder, study, parent, warn)
 
-    def trial(self, trial: Any, config: dict[str, Any] | None, outcome: Any) -> None:
+    def trial(self, trial: Any, config: dict[str, Any], outcome: Any) -> None:
         """Log a finished trial (its epochs, values, best valid MRR) under the study's run."""
         from kgpipe.tracking import TrackingError, log_finished_run
 
-        if config is None:  # a combination the config refused: no run to log
-            return
         status = {"complete": "FINISHED", "pruned": "KILLED"}.get(outcome.state, "FAILED")
         try:
             run_id = log_finished_run(

@@ -125,6 +125,9 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             trial.report(float(last["valid_mrr"]), step=int(last["epoch"]))
             if trial.should_prune():
                 pruned["at"] = int(last["epoch"])
+                # kept in the study: a driver that dies before it tells the trial does not
+                # train it again on resume
+                trial.set_user_attr("pruned_at", pruned["at"])
                 return True
             return False
 
