@@ -49,9 +49,10 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
 
 
 def best_so_far(study: Any) -> list[tuple[int, float]]:
-    """``(trial number, best valid MRR of the trials finished by then)`` in finishing order."""
+    """``(trial number n, best valid MRR of the complete trials numbered up to n)``, as
+    Optuna's optimisation history plots it."""
     done = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
-    done.sort(key=lambda t: t.datetime_complete)
+    done.sort(key=lambda t: t.number)
     best, out = -math.inf, []
     for t in done:
         if _state(t) == "complete" and t.value is not None:
@@ -107,7 +108,7 @@ def write_plots(folder: StudyFolder, study: Any) -> dict[str, str]:
         for r in rows
         if r["valid_mrr"] is not None
     ]
-    ax.scatter(xs, ys, c=colors, s=14, label="trial (gray: pruned at its last validation)")
+    ax.scatter(xs, ys, c=colors, s=14, label="trial (gray: pruned; its best validation)")
     if curve:
         ax.step(
             [c[0] for c in curve],
@@ -129,13 +130,22 @@ def write_plots(folder: StudyFolder, study: Any) -> dict[str, str]:
     if imp:
         fig, ax = plt.subplots(figsize=(8, 0.4 * len(imp) + 1.2))
         names = list(imp)[::-1]
-        ax.barh(names, [imp[n] for n in names], color="tab:blue")
+        # an alternative (`training.lr#1`) by its condition: `training.lr (training.optimizer=adagrad)`
+        when = {
+            p.name: f"{p.key} ({_condition(p.when)})" for p in folder.space.params if "#" in p.name
+        }
+        labels = [when.get(n, n) for n in names]
+        ax.barh(labels, [imp[n] for n in names], color="tab:blue")
         ax.set_xlabel("importance (fANOVA, share of the valid MRR's variance)")
         fig.tight_layout()
         fig.savefig(folder.file("importance.png"), dpi=100)
         plt.close(fig)
         out["importance"] = str(folder.file("importance.png"))
     return out
+
+
+def _condition(when: Any) -> str:
+    return ", ".join(k + "=" + "|".join(str(v) for v in values) for k, values in when)
 
 
 def _csv(rows: list[dict[str, Any]]) -> str:
