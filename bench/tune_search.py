@@ -96,7 +96,7 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
             poor = train(base.model_copy(update={"run": base.run.model_copy(update={"root": tmp})}))
             poor_valid = max(h.extra.get("valid_mrr", 0.0) for h in poor.history)
             row: dict[str, Any] = {"poor_valid_mrr": poor_valid, "poor_config": POOR}
-            for pruner in ("median", "none"):
+            for pruner in args.pruners:
                 r = _search(
                     base,
                     _small_graph_space(),
@@ -116,9 +116,14 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                     "best_values": r["best"]["values"],
                 }
                 print(dataset, pruner, json.dumps(row[pruner], default=str), flush=True)
-            row["epochs_saved"] = 1 - row["median"]["trial_epochs"] / row["none"]["trial_epochs"]
+            if "none" in row:
+                for pruner in args.pruners:
+                    if pruner != "none":
+                        saved = 1 - row[pruner]["trial_epochs"] / row["none"]["trial_epochs"]
+                        row[f"epochs_saved_{pruner}"] = saved
+                        print(dataset, pruner, f"saved {saved:.0%}", flush=True)
             out[dataset] = row
-            print(dataset, f"poor {poor_valid:.4f}", f"saved {row['epochs_saved']:.0%}", flush=True)
+            print(dataset, f"poor {poor_valid:.4f}", flush=True)
     return out
 
 
@@ -181,11 +186,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--datasets", nargs="+", default=["kinship", "umls", "nations"])
+    p.add_argument("--pruners", nargs="+", default=["median", "none"])
+    p.add_argument("--out", default=None, help="result file name under bench/results")
     args = p.parse_args()
     result = pruning(args) if args.what == "pruning" else workers(args)
     record = {"hardware": hardware(), "commit": commit(), "command": " ".join(sys.argv), **result}
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"tune_{args.what}.json"
+    path = RESULTS / (args.out or f"tune_{args.what}.json")
     path.write_text(json.dumps(record, indent=2, default=str) + "\n")
     print(f"wrote {path}")
 
