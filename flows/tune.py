@@ -41,8 +41,8 @@ from pydantic import ValidationError
 from flows.train import flow_config
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
-from kgpipe.storage import read_url
 from kgpipe.tune import SearchSpace, TuneSettings, parse_duration
+from kgpipe.tune.space import read_space
 from tasks.tune import (
     new_trials_progress,
     new_trials_table,
@@ -131,18 +131,11 @@ def flow_space(space_url: str | None, space: dict[str, Any] | None) -> SearchSpa
     if not space_url:
         return None
     try:
-        raw = read_url(space_url)
-    except FileNotFoundError:
-        raise ConfigError(f"{space_url}: search space file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{space_url}: is a directory, not a search space file") from None
-    except (OSError, ValueError) as err:
+        return read_space(space_url)
+    except (OSError, ValueError) as err:  # an unreadable URL (ConfigError passes through)
+        if isinstance(err, ConfigError):
+            raise
         raise ConfigError(f"{space_url}: cannot read the search space ({err})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{space_url}: not a text (UTF-8) file") from None
-    return SearchSpace.from_yaml(text, source=space_url)
 
 
 def study_location(study: str | None, root: str) -> tuple[str, str | None]:

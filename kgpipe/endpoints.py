@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from kgpipe.errors import StorageUnreachable
 
-__all__ = ["check_reachable"]
+__all__ = ["check_reachable", "tcp_problem"]
 
 # object-store endpoints this process has reached once: their faults are a run's faults from then
 # on, retried with the long backoff
@@ -32,6 +32,26 @@ def _endpoint(fs: Any) -> str | None:
     return str(found) if found else None
 
 
+def tcp_problem(url: str, timeout_s: float = 5.0) -> str | None:
+    """Why one TCP connection to the host of ``url`` (``http(s)://host[:port]``, or
+    ``host:port``) fails within ``timeout_s``: "connection refused", "no answer in 5 s",
+    "unknown host h", ...; None when it connects."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    host = parts.hostname or "localhost"
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no answer in {timeout_s:g} s"
+    except socket.gaierror:
+        return f"unknown host {host}"
+    except (OSError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def check_reachable(fs: Any, url: str, *, timeout_s: float = 5.0) -> None:
     """Fail fast when a run starts against an object store that cannot be reached: one TCP
     connection to the configured endpoint (within ``timeout_s``) instead of minutes of retries
@@ -43,20 +63,8 @@ def check_reachable(fs: Any, url: str, *, timeout_s: float = 5.0) -> None:
     endpoint = _endpoint(fs)
     if endpoint is None or endpoint in _REACHED:
         return
-    parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    host = parts.hostname or "localhost"
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except ConnectionRefusedError:
-        reason = "connection refused"
-    except TimeoutError:
-        reason = f"no answer in {timeout_s:g} s"
-    except socket.gaierror:
-        reason = f"unknown host {host}"
-    except (OSError, ValueError) as err:
-        reason = f"{type(err).__name__}: {err}"
-    else:
+    reason = tcp_problem(endpoint, timeout_s)
+    if reason is None:
         _REACHED.add(endpoint)
         return
     raise StorageUnreachable(

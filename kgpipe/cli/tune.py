@@ -214,21 +214,10 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
 
 
 def _read_space(where: str) -> Any:
-    from kgpipe.storage import read_url
-    from kgpipe.tune import SearchSpace
+    from kgpipe.tune.space import read_space
 
     with storage_errors(where, "read the search space"):
-        try:
-            raw = read_url(where)
-        except FileNotFoundError:
-            raise ConfigError(f"{where}: search space file not found") from None
-        except IsADirectoryError:
-            raise ConfigError(f"{where}: is a directory, not a search space file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not a text (UTF-8) file") from None
-    return SearchSpace.from_yaml(text, source=where)
+        return read_space(where)
 
 
 def _settings(args: argparse.Namespace) -> TuneSettings:

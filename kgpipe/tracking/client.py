@@ -15,7 +15,6 @@ import json
 import math
 import os
 import re
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kgpipe.config import RunConfig, TrackingConfig, redact_secrets
+from kgpipe.endpoints import tcp_problem
 from kgpipe.errors import ConfigError, KgpipeError
 
 __all__ = [
@@ -99,22 +99,10 @@ def _bounded() -> Iterator[None]:
 def _probe(uri: str, timeout_s: float = 5.0) -> None:
     """One TCP connection to an http(s) tracking server: a refused or silent server fails in
     seconds, before any MLflow retry (checked once per server and process)."""
-    parts = urlsplit(uri)
-    if parts.scheme not in ("http", "https") or uri in _REACHED:
+    if urlsplit(uri).scheme not in ("http", "https") or uri in _REACHED:
         return
-    host = parts.hostname or "localhost"
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        socket.create_connection((host, port), timeout=timeout_s).close()
-    except ConnectionRefusedError:
-        reason = "connection refused"
-    except TimeoutError:
-        reason = f"no answer in {timeout_s:g} s"
-    except socket.gaierror:
-        reason = f"unknown host {host}"
-    except (OSError, ValueError) as err:
-        reason = f"{type(err).__name__}: {err}"
-    else:
+    reason = tcp_problem(uri, timeout_s)
+    if reason is None:
         _REACHED.add(uri)
         return
     raise TrackingError(

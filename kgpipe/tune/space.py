@@ -33,7 +33,15 @@ from kgpipe.config.io import parse_config, yaml_error
 from kgpipe.config.keys import config_keys, suggest_key
 from kgpipe.errors import ConfigError
 
-__all__ = ["Param", "SearchSpace", "check_space", "describe_values", "set_key", "trial_config"]
+__all__ = [
+    "Param",
+    "SearchSpace",
+    "check_space",
+    "describe_values",
+    "read_space",
+    "set_key",
+    "trial_config",
+]
 
 _KINDS = ("uniform", "loguniform", "int", "choices")
 _OPTIONS = {*_KINDS, "log", "step", "when"}
@@ -235,6 +243,24 @@ class SearchSpace:
 
     def describe(self) -> list[str]:
         return [p.describe() + (f" when {dict(p.when)}" if p.when else "") for p in self.params]
+
+
+def read_space(url: str) -> SearchSpace:
+    """The search space in the YAML file at ``url`` (any fsspec URL); a missing file, a
+    folder, a file that is not text, or a bad space: one-line :class:`ConfigError`."""
+    from kgpipe.storage import read_url
+
+    try:
+        raw = read_url(url)
+    except FileNotFoundError:
+        raise ConfigError(f"{url}: search space file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{url}: is a directory, not a search space file") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{url}: not a text (UTF-8) file") from None
+    return SearchSpace.from_yaml(text, source=url)
 
 
 def trial_config(base: RunConfig, values: Mapping[str, Any], *, source: str = "trial") -> RunConfig:
