@@ -82,7 +82,6 @@ def train(
     eval_progress: ProgressFn | None = None,
     holder: str = "a kgpipe run",
     stop: Callable[[list[dict[str, Any]]], bool] | None = None,
-    tracking_parent: str | None = None,
 ) -> RunResult:
     """Train, evaluate and export one run without Prefect; returns where it went and the results.
 
@@ -96,8 +95,8 @@ def train(
     stopping (a hyperparameter search prunes trials with it).
 
     Under ``tracking.backend: mlflow`` the run is mirrored into an MLflow run (continued when
-    the run resumes; nested under ``tracking_parent``, an MLflow run id, if given); a tracking
-    server that does not answer fails the call before anything is written.
+    the run resumes); a tracking server that does not answer fails the call before anything
+    is written.
     """
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
@@ -109,7 +108,7 @@ def train(
     ):
         run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
         run.lease = lease.number
-        tracker = tracked.enter_context(track_run(run, parent_run_id=tracking_parent, log=say))
+        tracker = tracked.enter_context(track_run(run, log=say))
         ours = [*callbacks, tracker] if tracker is not None else list(callbacks)
         with contextlib.ExitStack() as stack:
             client = None

@@ -59,7 +59,7 @@ def _steps(base: RunConfig) -> tuple[int, int]:
     return every, base.training.epochs
 
 
-def load_optuna_study(folder: StudyFolder, *, create: bool = False) -> Any:
+def load_optuna_study(folder: StudyFolder) -> Any:
     """The folder's Optuna study (created on the first run)."""
     import optuna
 
@@ -205,7 +205,7 @@ def _search(
     say = log or (lambda _m: None)
     emit = on_event or (lambda _e: None)
     s = folder.settings
-    study = load_optuna_study(folder, create=True)
+    study = load_optuna_study(folder)
     deadline = time.monotonic() + s.timeout_s if s.timeout_s else None
     gang = folder.base.distributed.uses_dask
     orphans = _orphans(study)
