@@ -54,7 +54,7 @@ from tasks.tune import (
 
 __all__ = ["flow_settings", "flow_space", "study_location", "tune_kge"]
 
-Pruner = Literal["median", "hyperband", "none"]
+Pruner = Literal["median", "asha", "hyperband", "none"]
 _TEST_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
 
 

@@ -154,6 +154,51 @@ def test_durations() -> None:
             parse_duration(bad)
 
 
+def _pruned(pruner: object, histories: list[list[float]], every: int) -> list[int | None]:
+    """Feed trials' validation curves (one value per `every` epochs) to a pruner in turn, as
+    run_trial does; the epoch each was pruned at (None: ran to the end)."""
+    study = optuna.create_study(direction="maximize", pruner=pruner)
+    out: list[int | None] = []
+    for values in histories:
+        trial = study.ask()
+        at = None
+        for i, value in enumerate(values):
+            trial.report(value, step=(i + 1) * every)
+            if trial.should_prune():
+                at = (i + 1) * every
+                break
+        if at is None:
+            study.tell(trial, values[-1])
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        out.append(at)
+    return out
+
+
+def test_pruners_stop_trials_where_their_rules_say() -> None:
+    from kgpipe.tune.settings import make_pruner
+
+    curves = [
+        [0.5, 0.6, 0.7, 0.8],
+        [0.4, 0.5, 0.6, 0.7],
+        [0.6, 0.7, 0.8, 0.9],
+        [0.1, 0.2, 0.3, 0.4],
+    ]
+    curves += [[0.3, 0.9, 0.9, 0.9], [0.55, 0.58, 0.6, 0.61]]
+    # median: never in the first 3 trials (2 workers -> max(3, 2)) nor at the first
+    # validation (warm-up 1); then pruned when its best so far is below the median of the
+    # others' values at that epoch (trial 3: 0.2 < 0.55 at 10; trial 5: 0.58 < 0.6 at 10)
+    median = make_pruner(TuneSettings(workers=2), first_step=5, max_step=20)
+    assert _pruned(median, curves, 5) == [None, None, None, 10, None, 10]
+    # ASHA, factor 3, rungs at 5, 15, 45 epochs: a trial goes on past a rung while it is in
+    # the top len//3 (at least the top 1) of the values recorded there, its own included.
+    # Rung 5: 0 alone; 1 (0.4 < 0.5), 3 and 4 (not the best of < 6) stop; 5 (0.55, second of
+    # 6) goes on. Rung 15: 0 alone; 2 best of 2; 5 (0.6, third of 3) stops.
+    asha = make_pruner(TuneSettings(pruner="asha"), first_step=5, max_step=20)
+    assert _pruned(asha, curves, 5) == [None, 5, None, 5, 5, 15]
+    assert TuneSettings(pruner="asha").prune_reduction == 3
+
+
 def test_a_search_needs_validation(tmp_path: Path) -> None:
     base = base_config(evaluation={"every": 0})
     with pytest.raises(ConfigError, match=r"evaluation\.every"):

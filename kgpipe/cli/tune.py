@@ -29,7 +29,7 @@ __all__ = ["HELP", "NAME", "TuneProgress", "add_arguments", "run", "short_names"
 
 NAME = "tune"
 HELP = "search hyperparameters: train trials of a base config over a search space"
-PRUNERS = ("median", "hyperband", "none")
+PRUNERS = ("median", "asha", "hyperband", "none")
 #: the options of a new study; a resumed one keeps what it was created with
 NEW_STUDY_ONLY = (
     ("space", "-s/--space"),
@@ -188,7 +188,8 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     new.add_argument(
         "--pruner",
         choices=PRUNERS,
-        help="stop poor trials at a validation: the median rule (default), Hyperband or never",
+        help="stop poor trials at a validation: the median rule (default), asynchronous "
+        "successive halving (asha), Hyperband or never",
     )
     new.add_argument("--seed", type=seed, metavar="N", help="seed of the sampler (default: 0)")
     new.add_argument(

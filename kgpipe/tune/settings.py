@@ -67,14 +67,21 @@ class TuneSettings(Frozen):
         ge=0,
         description="Random trials before TPE takes over (default: max(5, trials // 5)).",
     )
-    pruner: Literal["median", "hyperband", "none"] = Field(
+    pruner: Literal["median", "asha", "hyperband", "none"] = Field(
         default="median",
-        description="Stop poor trials at a validation: median rule, Hyperband, or never.",
+        description="Stop poor trials at a validation: median rule, asynchronous successive "
+        "halving (ASHA), Hyperband, or never.",
     )
     prune_warmup: int = Field(
         default=1,
         ge=0,
         description="Validations every trial completes before it may be pruned (median).",
+    )
+    prune_reduction: int = Field(
+        default=3,
+        ge=2,
+        description="ASHA/Hyperband: 1 trial in this many goes on at each rung (rungs at the "
+        "first validation epoch times powers of this factor).",
     )
     storage: str | None = Field(
         default=None,
@@ -129,7 +136,15 @@ def make_pruner(settings: TuneSettings, *, first_step: int = 1, max_step: int = 
         return optuna.pruners.NopPruner()
     if settings.pruner == "hyperband":
         return optuna.pruners.HyperbandPruner(
-            min_resource=first_step, max_resource=max_step, reduction_factor=3
+            min_resource=first_step,
+            max_resource=max_step,
+            reduction_factor=settings.prune_reduction,
+        )
+    if settings.pruner == "asha":
+        # rungs at first_step * r**k epochs: a trial goes on past a rung while it is in the top
+        # 1/r of the trials that reached it (the first trial at a rung always does)
+        return optuna.pruners.SuccessiveHalvingPruner(
+            min_resource=first_step, reduction_factor=settings.prune_reduction
         )
     return optuna.pruners.MedianPruner(
         n_startup_trials=max(3, settings.workers),
