@@ -50,6 +50,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.data",
             "kgpipe.data.io",
             "kgpipe.data.split",
+            "kgpipe.data.synth",
             "kgpipe.data.formats",
             "kgpipe.data.formats.*",
             "kgpipe.distributed",

@@ -39,6 +39,8 @@ BAD_VALUES = ("0", "-1", "abc", "", "{tmp}/no-such-folder/x", "{file}/under-a-fi
 VALID_THERE = {
     ("export", "--out"): {"0", "-1", "abc", "{tmp}/no-such-folder/x"},  # new folders: written
     ("config", "key"): {""},  # every key starts with ""
+    ("synth", "out"): {"0", "-1", "abc", "{tmp}/no-such-folder/x"},  # new folders: written
+    **{("synth", o): {"0"} for o in ("--seed", "--noise", "--exponent", "--valid", "--test")},
 }
 #: findings in files outside this test's change: (command, option) -> (the values the fuzz
 #: skips there, and why); remove an entry once its command rejects those values
@@ -107,6 +109,13 @@ def _fillers(run: Path, tmp: Path, path: tuple[str, ...], option: str) -> dict[s
         "predict": {"run": [str(run)], "--head": [ent], "--relation": [rel]},
         "neighbours": {"run": [str(run)], "--entity": [ent]},
         "config": {"--defaults": []} if option == "key" else {"--config": [str(cfg)]},
+        "synth": {
+            "out": [str(tmp / "synth")],
+            "--entities": ["40"],
+            "--relations": ["3"],
+            "--edges": ["300"],
+            "--quiet": [],
+        },
     }
     return fill.get(path[0], {"run": [str(run)]})
 

@@ -17,9 +17,9 @@ __all__ = ["build_parser", "main"]
 
 def _commands() -> tuple[ModuleType, ...]:
     # each module: NAME, HELP, add_arguments(parser), run(args, console) -> exit status
-    from kgpipe.cli import config, evaluate, export, ls, neighbours, predict, train, tune
+    from kgpipe.cli import config, evaluate, export, ls, neighbours, predict, synth, train, tune
 
-    return (train, tune, evaluate, export, predict, neighbours, ls, config)
+    return (train, tune, evaluate, export, predict, neighbours, synth, ls, config)
 
 
 def _version() -> str:
