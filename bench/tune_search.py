@@ -2,15 +2,18 @@
 
 ``pruning``: on Kinship, UMLS and Nations, a deliberately poor config (what a search starts
 from) is trained once; then the same search (the shipped ComplEx space with dimensions and
-negatives scaled to graphs of 14-135 entities, same seed, same trial budget, 2 workers) runs
-with the median pruner and without. Reported per graph: the poor
-config's valid MRR, each search's best valid MRR, total trial-epochs and wall time.
+negatives scaled to graphs of 14-135 entities, same seed, same random start-up, 2 workers) runs
+without pruning (``--trials`` trials) and with each pruner (``--pruned-factor`` times as many
+trials). Reported per graph: the poor config's valid MRR; each search's best valid MRR, total
+trial-epochs and wall time; for a pruned search, its first ``--trials`` trials (best, epochs)
+and the trial-epochs it had spent when a complete trial first reached the unpruned search's
+best ("equal best valid MRR"), each trial's epochs spread evenly over its run.
 
 ``workers``: trials per hour with 1 worker (2 threads) and 2 workers (1 thread each) -- the same
 two cores -- on the same budget of trials that all cost the same (UMLS ComplEx, only the
 learning rate searched, no pruning), interleaved rounds, medians.
 
-    .venv/bin/python bench/tune_search.py pruning --trials 30
+    .venv/bin/python bench/tune_search.py pruning --trials 24 --pruners none asha median
     .venv/bin/python bench/tune_search.py workers --trials 16 --rounds 2
 
 Results go to bench/results/tune_{pruning,workers}.json.
@@ -72,7 +75,50 @@ def _search(base: Any, space: Any, *, root: str, name: str, **settings: Any) -> 
     last = max(t.datetime_complete for t in trials)
     # from the first trial's start to the last one's end: without the cluster's start-up
     results["trials_span_seconds"] = (last - first).total_seconds()
+    results["timeline"] = [
+        {
+            "trial": t.number,
+            "state": t.state.name.lower(),
+            "value": t.value,
+            "epochs": int(t.user_attrs.get("epochs") or 0),
+            "start": (t.datetime_start - first).total_seconds(),
+            "end": (t.datetime_complete - first).total_seconds(),
+        }
+        for t in trials
+        if t.datetime_start is not None and t.datetime_complete is not None
+    ]
     return results
+
+
+def epochs_spent(timeline: list[dict[str, Any]], at: float) -> float:
+    """Trial-epochs trained by time ``at`` (seconds from the first trial's start), each trial's
+    epochs spread evenly over its run."""
+    spent = 0.0
+    for t in timeline:
+        span = max(t["end"] - t["start"], 1e-9)
+        spent += t["epochs"] * min(1.0, max(0.0, (at - t["start"]) / span))
+    return spent
+
+
+def epochs_to_reach(timeline: list[dict[str, Any]], target: float) -> float | None:
+    """Trial-epochs a search had spent when a complete trial first reached ``target`` valid
+    MRR (None: never)."""
+    hits = [
+        t["end"]
+        for t in timeline
+        if t["state"] == "complete" and t["value"] is not None and t["value"] >= target - 1e-9
+    ]
+    return epochs_spent(timeline, min(hits)) if hits else None
+
+
+def first_trials(timeline: list[dict[str, Any]], n: int) -> dict[str, Any]:
+    """Best complete valid MRR and trial-epochs of trials 0..n-1 (a search of n trials)."""
+    head = [t for t in timeline if t["trial"] < n]
+    values = [t["value"] for t in head if t["state"] == "complete" and t["value"] is not None]
+    return {
+        "best_valid_mrr": max(values) if values else None,
+        "trial_epochs": sum(t["epochs"] for t in head),
+    }
 
 
 def _small_graph_space() -> Any:
@@ -97,15 +143,19 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
             poor_valid = max(h.extra.get("valid_mrr", 0.0) for h in poor.history)
             row: dict[str, Any] = {"poor_valid_mrr": poor_valid, "poor_config": POOR}
             for pruner in args.pruners:
+                # a pruned search gets more trials: the question is the trial-epochs it needs
+                # to find what the unpruned search of `--trials` trials finds
+                n = args.trials if pruner == "none" else args.trials * args.pruned_factor
                 r = _search(
                     base,
                     _small_graph_space(),
                     root=tmp,
                     name=f"{dataset}-{pruner}",
-                    trials=args.trials,
+                    trials=n,
                     workers=2,
                     seed=args.seed,
                     pruner=pruner,
+                    startup_trials=max(5, args.trials // 5),  # the same random start-up
                 )
                 row[pruner] = {
                     "best_valid_mrr": r["best"]["valid_mrr"],
@@ -114,14 +164,41 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                     "trials": r["trials"],
                     "wall_seconds": round(r["wall_seconds"], 1),
                     "best_values": r["best"]["values"],
+                    "first_trials": first_trials(r["timeline"], args.trials),
+                    "timeline": r["timeline"],
                 }
-                print(dataset, pruner, json.dumps(row[pruner], default=str), flush=True)
+                print(
+                    dataset,
+                    pruner,
+                    json.dumps(
+                        {k: v for k, v in row[pruner].items() if k != "timeline"}, default=str
+                    ),
+                    flush=True,
+                )
             if "none" in row:
+                target = row["none"]["best_valid_mrr"]
+                none_epochs = row["none"]["trial_epochs"]
+                row["target_valid_mrr"] = target
+                row["none"]["epochs_to_target"] = epochs_to_reach(row["none"]["timeline"], target)
                 for pruner in args.pruners:
-                    if pruner != "none":
-                        saved = 1 - row[pruner]["trial_epochs"] / row["none"]["trial_epochs"]
-                        row[f"epochs_saved_{pruner}"] = saved
-                        print(dataset, pruner, f"saved {saved:.0%}", flush=True)
+                    if pruner == "none":
+                        continue
+                    r = row[pruner]
+                    same = r["first_trials"]
+                    r["same_trials_saved"] = 1 - same["trial_epochs"] / none_epochs
+                    reach = epochs_to_reach(r["timeline"], target)
+                    r["epochs_to_target"] = reach
+                    r["saved_to_target"] = None if reach is None else 1 - reach / none_epochs
+                    print(
+                        dataset,
+                        pruner,
+                        f"first {args.trials} trials: best {same['best_valid_mrr']}, "
+                        f"{same['trial_epochs']} epochs ({r['same_trials_saved']:.0%} saved); "
+                        f"reached the unpruned best {target:.4f} after "
+                        f"{'never' if reach is None else f'{reach:.0f} epochs'} "
+                        f"(unpruned: {none_epochs} in all)",
+                        flush=True,
+                    )
             out[dataset] = row
             print(dataset, f"poor {poor_valid:.4f}", flush=True)
     return out
@@ -186,7 +263,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--datasets", nargs="+", default=["kinship", "umls", "nations"])
-    p.add_argument("--pruners", nargs="+", default=["median", "none"])
+    p.add_argument("--pruners", nargs="+", default=["none", "median"])
+    p.add_argument(
+        "--pruned-factor",
+        type=int,
+        default=2,
+        help="a pruned search runs this many times --trials trials",
+    )
     p.add_argument("--out", default=None, help="result file name under bench/results")
     args = p.parse_args()
     result = pruning(args) if args.what == "pruning" else workers(args)
