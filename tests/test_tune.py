@@ -344,7 +344,9 @@ def test_existing_study_is_refused_and_resumable(tmp_path: Path) -> None:
     again = open_study_folder(folder.path).with_settings(trials=5)
     assert again.settings.trials == 5
     assert again.base == folder.base and again.space.raw == folder.space.raw
-    assert open_study_folder(folder.path).settings.trials == 5  # saved
+    assert open_study_folder(folder.path).settings.trials == 2  # saved by the search only
+    again.save_settings()
+    assert open_study_folder(folder.path).settings.trials == 5
     with pytest.raises(RunError, match="not a study folder"):
         open_study_folder(tmp_path / "nothing")
     assert yaml.safe_load(SPACE) == again.space.raw
@@ -395,6 +397,7 @@ def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path:
     lease = RunLease(Store(str(folder.path.resolve())), ttl_s=60, holder="another search")
     with lease, pytest.raises(KgpipeError, match="another search"):
         run_study(open_study_folder(folder.path).with_settings(trials=5))
+    assert open_study_folder(folder.path).settings.trials == 4  # the refused one saved nothing
 
 
 def test_a_shared_database_refuses_a_taken_study_name(tmp_path: Path) -> None:

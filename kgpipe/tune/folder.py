@@ -64,14 +64,20 @@ class StudyFolder:
         return self.write_text(name, json.dumps(data, indent=2, default=str) + "\n")
 
     def with_settings(self, **changes: Any) -> StudyFolder:
-        """The study with ``changes`` to its settings (a resume's new budget), saved."""
+        """The study with ``changes`` to its settings (a resume's new budget); saved by the
+        search that runs it, once it holds the study (a refused second search changes
+        nothing)."""
         changes = {k: v for k, v in changes.items() if v is not None}
         if not changes:
             return self
         settings = TuneSettings.model_validate({**self.settings.model_dump(), **changes})
-        folder = StudyFolder(self.path, self.base, self.space, settings)
-        folder._save()
-        return folder
+        return StudyFolder(self.path, self.base, self.space, settings)
+
+    def save_settings(self) -> None:
+        """Write this folder's settings to ``study.json`` when they differ from it."""
+        saved = json.loads((self.path / STUDY).read_text()).get("settings")
+        if saved != self.settings.model_dump(mode="json"):
+            self._save()
 
     def _save(self) -> None:
         self.write_json(

@@ -192,6 +192,7 @@ def run_study(
         holder=f"a search of study {folder.name} (kgpipe.tune)",
     )
     with lease:
+        folder.save_settings()  # a resume's new budget, now that this search holds the study
         return _search(folder, on_event=on_event, log=log, warn=warn)
 
 
