@@ -117,6 +117,22 @@ def test_local_cluster_workers_are_set_up_for_training() -> None:
         assert got["omp"] == str(threads) and got["torch_threads"] == threads
 
 
+def test_memory_limit_reaches_the_workers_dask_starts() -> None:
+    from kgpipe.errors import ConfigError
+    from kgpipe.launch.dask import open_run_cluster
+
+    config = parse_config({**BASE, "distributed": {"workers": 2, "memory_limit": "1.5GiB"}})
+    assert config.distributed.memory_limit_bytes == 3 * 2**29
+    assert cluster_kwargs(2, 1000)["memory_limit"] == 1000
+    assert "memory_limit" not in cluster_kwargs(2)  # Dask's default
+    with open_run_cluster(config) as client:
+        limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+    assert limits == [3 * 2**29] * 2
+    for bad in ("lots", "-1GB", "0"):
+        with pytest.raises(ConfigError, match=r"distributed\.memory_limit"):
+            parse_config({**BASE, "distributed": {"workers": 2, "memory_limit": bad}})
+
+
 def _worker_pids() -> list[int]:
     """Dask nanny/worker processes started from this process (multiprocessing spawn children;
     multiprocessing's resource tracker lives as long as this process and is not counted)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from kgpipe.config.base import Frozen, Registered
 from kgpipe.distributed.clusters import CLUSTERS, is_address
@@ -60,6 +60,14 @@ class DistributedConfig(Frozen):
     threads_per_worker: int | None = Field(
         default=None, ge=1, description="torch threads per worker (default: cores // workers)."
     )
+    memory_limit: str | None = Field(
+        default=None,
+        description=(
+            "Memory per worker of a cluster kgpipe starts (`local`, `cuda`), in Dask's notation "
+            "(`3GiB`, `1.5GB`, bytes); Dask pauses a worker past 80 % of it and restarts one "
+            "past 95 %. Default: Dask's (the machine's memory shared by the workers)."
+        ),
+    )
 
     launch: Literal["auto", "in_process", "dask"] = Field(
         default="auto",
@@ -68,6 +76,30 @@ class DistributedConfig(Frozen):
             "`dask` forces a gang even of one worker (to measure or debug the Dask path)."
         ),
     )
+
+    @field_validator("memory_limit")
+    @classmethod
+    def _memory(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from dask.utils import parse_bytes  # only configs that set a limit load dask.utils
+
+        try:
+            size = parse_bytes(str(value))
+        except (ValueError, TypeError):
+            raise ValueError(f"{value!r} is not a memory size (e.g. 3GiB, 1.5GB, 500MB)") from None
+        if size <= 0:
+            raise ValueError(f"a memory limit must be positive, not {value!r}")
+        return str(value)
+
+    @property
+    def memory_limit_bytes(self) -> int | None:
+        """``memory_limit`` in bytes (None: Dask's default)."""
+        if self.memory_limit is None:
+            return None
+        from dask.utils import parse_bytes
+
+        return int(parse_bytes(self.memory_limit))
 
     @property
     def uses_dask(self) -> bool:

@@ -93,17 +93,24 @@ def open_cluster(
     threads_per_worker: int | None = None,
     worker_ttl_s: float = 60.0,
     extra_env: dict[str, str] | None = None,
+    memory_limit: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Iterator[Client]:
     """A client of ``cluster`` (a registered kind, started here and closed on exit, or a
     scheduler address) with ``workers`` workers ready. ``worker_ttl_s`` is the heartbeat
-    timeout of a cluster started here; ``extra_env`` is added to its workers' environment."""
+    timeout of a cluster started here; ``extra_env`` is added to its workers' environment;
+    ``memory_limit`` is the bytes of each worker of a cluster started here (an existing
+    scheduler's workers keep their own)."""
     say = log or (lambda _m: None)
     threads = worker_threads(workers, threads_per_worker)
     owned: Any = None
     if cluster in CLUSTERS:
         owned = CLUSTERS.get(cluster)().start(
-            workers=workers, threads=threads, env=dict(extra_env or {}), worker_ttl_s=worker_ttl_s
+            workers=workers,
+            threads=threads,
+            env=dict(extra_env or {}),
+            worker_ttl_s=worker_ttl_s,
+            memory_limit=memory_limit,
         )
         try:
             client = Client(owned)

@@ -68,9 +68,12 @@ QUIET_WORKER_CONFIG: dict[str, Any] = {
 }
 
 
-def cluster_kwargs(workers: int) -> dict[str, Any]:
-    """Keyword arguments of the LocalCluster of ``workers`` workers (pure, tested alone)."""
+def cluster_kwargs(workers: int, memory_limit: int | str | None = None) -> dict[str, Any]:
+    """Keyword arguments of the LocalCluster of ``workers`` workers (pure, tested alone);
+    ``memory_limit`` per worker (None: Dask's default, the machine's memory shared)."""
+    extra = {} if memory_limit is None else {"memory_limit": memory_limit}
     return {
+        **extra,
         "n_workers": workers,
         "threads_per_worker": 1,  # one rank per worker; torch uses its own threads
         "processes": True,
@@ -86,8 +89,17 @@ class ClusterKind(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
-        """Start the cluster's scheduler and ``workers`` workers (not yet waited for)."""
+    def start(
+        self,
+        *,
+        workers: int,
+        threads: int,
+        env: dict[str, str],
+        worker_ttl_s: float,
+        memory_limit: int | None = None,
+    ) -> Any:
+        """Start the cluster's scheduler and ``workers`` workers (not yet waited for), each
+        with ``memory_limit`` bytes (None: the kind's default)."""
 
 
 CLUSTERS: Registry[ClusterKind] = Registry(
@@ -99,7 +111,15 @@ CLUSTERS: Registry[ClusterKind] = Registry(
 class Local(ClusterKind):
     """A LocalCluster of worker processes on 127.0.0.1 (CPU)."""
 
-    def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
+    def start(
+        self,
+        *,
+        workers: int,
+        threads: int,
+        env: dict[str, str],
+        worker_ttl_s: float,
+        memory_limit: int | None = None,
+    ) -> Any:
         import dask
         from distributed import LocalCluster
 
@@ -113,14 +133,22 @@ class Local(ClusterKind):
             **QUIET_WORKER_CONFIG,
         }
         with dask.config.set(settings):
-            return LocalCluster(**cluster_kwargs(workers))
+            return LocalCluster(**cluster_kwargs(workers, memory_limit))
 
 
 @CLUSTERS.register("cuda")
 class Cuda(ClusterKind):
     """A dask-cuda LocalCUDACluster: one worker per visible GPU (the ``gpu`` extra)."""
 
-    def start(self, *, workers: int, threads: int, env: dict[str, str], worker_ttl_s: float) -> Any:
+    def start(
+        self,
+        *,
+        workers: int,
+        threads: int,
+        env: dict[str, str],
+        worker_ttl_s: float,
+        memory_limit: int | None = None,
+    ) -> Any:
         try:
             from dask_cuda import LocalCUDACluster
         except ImportError:
@@ -139,4 +167,5 @@ class Cuda(ClusterKind):
             **QUIET_WORKER_CONFIG,
         }
         with dask.config.set(settings):
-            return LocalCUDACluster(n_workers=workers)
+            extra = {} if memory_limit is None else {"memory_limit": memory_limit}
+            return LocalCUDACluster(n_workers=workers, **extra)

@@ -50,6 +50,7 @@ def open_run_cluster(
         threads_per_worker=dcfg.threads_per_worker,
         worker_ttl_s=config.fault_tolerance.worker_ttl_s,
         extra_env=extra_env,
+        memory_limit=dcfg.memory_limit_bytes,
         log=log,
     ) as client:
         yield client

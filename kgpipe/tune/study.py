@@ -129,6 +129,8 @@ def _cluster(folder: StudyFolder, gang: bool, log: Log) -> Iterator[Any]:
         workers=s.workers,
         threads_per_worker=s.threads_per_worker,
         worker_ttl_s=folder.base.fault_tolerance.worker_ttl_s,
+        # the base config's limit holds for each trial's worker (one trial per worker)
+        memory_limit=folder.base.distributed.memory_limit_bytes,
         log=log,
     ) as client:
         yield client
