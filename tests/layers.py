@@ -83,7 +83,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # the run folder's steps; tracking mirrors a run into MLflow (the pipeline and a search use it)
     ("runs", ("kgpipe.runs", "kgpipe.runs.*", "kgpipe.tracking", "kgpipe.tracking.*")),
     ("factory", ("kgpipe.launch", "kgpipe.launch.base", "kgpipe.launch.build")),
-    ("launchers", ("kgpipe.launch.in_process", "kgpipe.launch.rank", "kgpipe.launch.dask")),
+    (
+        "launchers",
+        (
+            "kgpipe.launch.in_process",
+            "kgpipe.launch.rank",
+            "kgpipe.launch.memory",
+            "kgpipe.launch.dask",
+        ),
+    ),
     ("pipeline", ("kgpipe.pipeline",)),
     # hyperparameter search: Optuna over pipeline runs (trials) on a Dask cluster
     ("tune", ("kgpipe.tune", "kgpipe.tune.*")),

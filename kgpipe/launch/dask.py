@@ -23,6 +23,7 @@ from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.errors import RunError
+from kgpipe.launch.memory import check_gang_memory
 from kgpipe.launch.rank import RankSpec, rank_main
 from kgpipe.runs.callbacks import MetricsWriter
 from kgpipe.runs.folder import RunFolder
@@ -200,6 +201,15 @@ class DaskLauncher:
             self.say(
                 f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
                 + (f", from the checkpoint of epoch {start}" if start else "")
+            )
+            # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
+            check_gang_memory(
+                config,
+                client.scheduler_info()["workers"],
+                num_entities=run.num_entities,
+                num_relations=run.num_relations,
+                num_train=run.num_train,
+                world=world,
             )
             relay = _Relay(view, self.callbacks)
             try:

@@ -1,0 +1,146 @@
+"""What one rank of a gang holds, estimated before launch, and the check against the workers'
+memory limit (``distributed.memory_limit``, or the limit a running scheduler's workers have).
+
+The estimate is the part of a rank's memory that grows with the graph and the model; the rest
+(the interpreter, torch, the Dask worker) is read from each worker as it is before launch. Under
+the replicated strategy every rank holds:
+
+* the tables: ``entities x dim`` and ``relation rows x relation width`` float32 values;
+* their optimiser state: one table-sized copy per slot (Adam 2, Adagrad 1, SGD 0);
+* at a commit (rank 0; any rank may be rank 0), three more copies of both: the snapshot the
+  background writer takes, then safetensors' bytes of each tensor and the file's buffer;
+* epoch sync: the parameters the epoch started from and a per-row count (model averaging);
+* its share of the staged training triples (3 int64 ids each) and of the epoch's order;
+* a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
+  negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
+  the scores against every entity and their gradient (``2 b entities`` floats).
+
+Checked against measured worker peaks (``bench/memory.py``, docs/distributed.md): rank 0 of two
+peaked 3,194 MiB above its start on a 656k-entity TransE d=100 graph with Adam (estimate 3,151)
+and 2,168 MiB on a 216k-entity d=200 one (estimate 2,201).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kgpipe.config import RunConfig
+from kgpipe.errors import ConfigError
+from kgpipe.models.interactions import INTERACTIONS
+
+__all__ = ["RankMemory", "check_gang_memory", "format_bytes", "rank_memory"]
+
+#: Dask's nanny restarts a worker whose memory passes this share of its limit
+TERMINATE_FRACTION = 0.95
+_SLOTS = {"adam": 2, "adagrad": 1, "sgd": 0}
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} GiB"  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """Bytes one rank holds beyond its process's start, by part."""
+
+    tables: int
+    optimizer: int
+    checkpoint: int
+    averaging: int
+    triples: int
+    step: int
+
+    @property
+    def total(self) -> int:
+        return (
+            self.tables + self.optimizer + self.checkpoint + self.averaging + self.triples
+            + self.step
+        )  # fmt: skip
+
+    def describe(self) -> str:
+        parts = [
+            ("tables", self.tables),
+            ("optimiser state", self.optimizer),
+            ("checkpoint copy", self.checkpoint),
+            ("model averaging", self.averaging),
+            ("training triples", self.triples),
+            ("step buffers", self.step),
+        ]
+        return ", ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
+
+
+def rank_memory(
+    config: RunConfig, *, num_entities: int, num_relations: int, num_train: int, world: int
+) -> RankMemory:
+    """The estimate of one rank's run-dependent bytes under ``config`` (replicated tables)."""
+    m = config.model
+    relation_width = INTERACTIONS.get(m.name)(p=m.p, margin=m.margin).relation_dim(m.dim)
+    relation_rows = num_relations * (2 if m.reciprocal else 1)
+    tables = 4 * (num_entities * m.dim + relation_rows * relation_width)
+    slots = _SLOTS.get(config.training.optimizer, 2)
+    optimizer = slots * tables
+    averaging = 0
+    if config.distributed.sync == "epoch" and world > 1:
+        averaging = tables + 4 * (num_entities + relation_rows)
+    share = -(-num_train // max(1, world))
+    t = config.training
+    batch = -(-t.batch_size // max(1, world))
+    if t.mode == "negative_sampling":
+        step = 4 * 2 * batch * (t.negatives + 2) * m.dim
+    else:  # scores against every entity, and their gradient
+        step = 4 * 2 * batch * num_entities
+    return RankMemory(
+        tables=tables,
+        optimizer=optimizer,
+        checkpoint=3 * (tables + optimizer),
+        averaging=averaging,
+        triples=share * (3 * 8 + 8),
+        step=step,
+    )
+
+
+def check_gang_memory(
+    config: RunConfig,
+    workers: dict[str, dict[str, Any]],
+    *,
+    num_entities: int,
+    num_relations: int,
+    num_train: int,
+    world: int,
+) -> RankMemory:
+    """Refuse to launch when one rank would not fit a worker's memory limit.
+
+    ``workers``: Dask's ``scheduler_info()["workers"]`` (each with ``memory_limit``, 0 for none,
+    and ``metrics.memory``, its resident bytes now). Returns the estimate."""
+    need = rank_memory(
+        config,
+        num_entities=num_entities,
+        num_relations=num_relations,
+        num_train=num_train,
+        world=world,
+    )
+    short = []
+    for address, info in workers.items():
+        limit = int(info.get("memory_limit") or 0)
+        if not limit:
+            continue
+        now = int((info.get("metrics") or {}).get("memory") or 0)
+        usable = int(limit * TERMINATE_FRACTION)
+        if now + need.total > usable:
+            short.append((address, limit, now))
+    if short:
+        address, limit, now = min(short, key=lambda s: s[1] - s[2])
+        raise ConfigError(
+            f"one rank needs about {format_bytes(need.total)} ({need.describe()}) on top of the "
+            f"{format_bytes(now)} its worker holds already, but the worker's memory limit is "
+            f"{format_bytes(limit)} (Dask restarts a worker past {TERMINATE_FRACTION:.0%} of it; "
+            f"{len(short)} of {len(workers)} worker(s), e.g. {address}): every rank holds the "
+            "whole model under the replicated strategy -- raise distributed.memory_limit, or "
+            "use a smaller model.dim"
+        )
+    return need

@@ -1,0 +1,84 @@
+"""The memory a rank needs, estimated before a gang launches, and the refusal when one rank
+cannot fit its worker's memory limit (issue 22, item 8)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kgpipe.config import parse_config
+from kgpipe.errors import ConfigError
+from kgpipe.launch.memory import check_gang_memory, rank_memory
+from kgpipe.pipeline import train
+
+MIB = 2**20
+
+
+def _config(**sections: dict) -> object:
+    return parse_config({"data": {"dataset": "umls"}, **sections})
+
+
+def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() -> None:
+    config = _config(model={"name": "transe", "dim": 10, "reciprocal": True})
+    m = rank_memory(config, num_entities=1000, num_relations=5, num_train=101, world=2)
+    tables = 4 * (1000 * 10 + 10 * 10)  # 10 relation rows (reciprocal), TransE width = dim
+    assert m.tables == tables
+    assert m.optimizer == 2 * tables  # Adam (the default): two moments per value
+    assert m.checkpoint == 3 * 3 * tables  # snapshot, tensor bytes, file buffer of both
+    assert m.averaging == 0  # step sync
+    assert m.triples == 51 * (3 * 8 + 8)  # ceil(101 / 2) triples: 3 ids and an order index
+    # a step: 2 x (1024 / 2 local batch) x (256 negatives + 2) x 10 floats (rows, gradients)
+    assert m.step == 4 * 2 * 512 * 258 * 10
+    assert m.total == 12 * tables + 51 * 32 + m.step
+    adagrad = _config(
+        model={"name": "transe", "dim": 10}, training={"optimizer": "adagrad"},
+        distributed={"workers": 2, "sync": "epoch"},
+    )  # fmt: skip
+    m = rank_memory(adagrad, num_entities=1000, num_relations=5, num_train=0, world=2)
+    tables = 4 * (1000 * 10 + 5 * 10)
+    one_vs_all = _config(
+        model={"name": "transe", "dim": 10}, training={"mode": "1vsall", "loss": "bce"}
+    )
+    m1 = rank_memory(one_vs_all, num_entities=1000, num_relations=5, num_train=0, world=1)
+    assert m1.step == 4 * 2 * 1024 * 1000  # scores against every entity, and their gradient
+    assert (m.optimizer, m.checkpoint) == (tables, 3 * 2 * tables)
+    assert m.averaging == tables + 4 * (1000 + 5)  # the epoch's start and per-row counts
+
+
+def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None:
+    config = _config(model={"name": "transe", "dim": 1000})
+    sizes = {"num_entities": 100_000, "num_relations": 10, "num_train": 0, "world": 2}
+    need = rank_memory(config, **sizes).total  # ~5.5 GiB: 12 x 400 MB and a step of 1 GB
+    roomy = {"w1": {"memory_limit": 8 * 2**30, "metrics": {"memory": 300 * MIB}}}
+    assert check_gang_memory(config, roomy, **sizes).total == need
+    assert check_gang_memory(config, {"w": {"memory_limit": 0}}, **sizes)  # no limit: no check
+    tight = {
+        "w1": {"memory_limit": 8 * 2**30, "metrics": {"memory": 300 * MIB}},
+        "w2": {"memory_limit": 4 * 2**30, "metrics": {"memory": 300 * MIB}},
+    }
+    with pytest.raises(ConfigError) as err:
+        check_gang_memory(config, tight, **sizes)
+    message = str(err.value)
+    assert "\n" not in message
+    for part in ("needs about 5.45 GiB", "300.00 MiB", "memory limit is 4.00 GiB", "w2",
+                 "distributed.memory_limit", "tables 381.51 MiB"):  # fmt: skip
+        assert part in message, (part, message)
+
+
+def test_a_gang_over_its_memory_limit_is_refused_before_it_trains(tmp_path: Path) -> None:
+    """UMLS with 200,000-wide embeddings: ~2.2 GB per rank (tables, Adam, a commit's copies)
+    against workers of 700 MiB: refused before the gang starts, nothing committed."""
+    config = parse_config(
+        {
+            "run": {"root": str(tmp_path), "name": "big"},
+            "data": {"dataset": "umls"},
+            "model": {"name": "transe", "dim": 200_000},
+            "training": {"epochs": 1},
+            "evaluation": {"test": False},
+            "distributed": {"workers": 2, "memory_limit": "700MiB"},
+        }
+    )
+    with pytest.raises(ConfigError, match=r"memory limit is 700\.00 MiB"):
+        train(config)
+    assert not list((tmp_path / "big").glob("checkpoints/*/manifest.json"))
