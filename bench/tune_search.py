@@ -159,7 +159,8 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                 )
                 row[pruner] = {
                     "best_valid_mrr": r["best"]["valid_mrr"],
-                    "best_test_mrr": r["best"]["test"]["mrr"],
+                    "best_test_mrr": r["best"].get("test", {}).get("mrr"),
+                    "best_test_error": r["best"].get("test_error"),
                     "trial_epochs": r["trial_epochs"],
                     "trials": r["trials"],
                     "wall_seconds": round(r["wall_seconds"], 1),
@@ -200,6 +201,8 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                         flush=True,
                     )
             out[dataset] = row
+            if args.partial:  # what is done so far survives a later failure
+                Path(args.partial).write_text(json.dumps(out, indent=2, default=str) + "\n")
             print(dataset, f"poor {poor_valid:.4f}", flush=True)
     return out
 
@@ -271,6 +274,7 @@ def main() -> None:
         help="a pruned search runs this many times --trials trials",
     )
     p.add_argument("--out", default=None, help="result file name under bench/results")
+    p.add_argument("--partial", default=None, help="pruning: write each graph's results here too")
     args = p.parse_args()
     result = pruning(args) if args.what == "pruning" else workers(args)
     record = {"hardware": hardware(), "commit": commit(), "command": " ".join(sys.argv), **result}
