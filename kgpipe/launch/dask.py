@@ -205,7 +205,7 @@ class DaskLauncher:
             # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
             check_gang_memory(
                 config,
-                client.scheduler_info()["workers"],
+                client.scheduler_info(n_workers=-1)["workers"],
                 num_entities=run.num_entities,
                 num_relations=run.num_relations,
                 num_train=run.num_train,
