@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -141,6 +142,22 @@ def test_shipped_spaces_sample_valid_configs(model: str) -> None:
         trial = study.ask()
         trial_config(base, space.sample(trial, base))  # raises if a sample is invalid
         study.tell(trial, 0.0)
+
+
+def test_unreadable_space_files_are_one_line_errors(tmp_path: Path) -> None:
+    from kgpipe.tune.space import read_space
+
+    binary = tmp_path / "space.bin"
+    binary.write_bytes(b"a: 1\n" + bytes(range(128, 256)))
+    cases = {
+        str(tmp_path / "none.yaml"): "search space file not found",
+        str(tmp_path): "is a directory, not a search space file",
+        str(binary): "line 2: not a text (UTF-8) file",
+    }
+    for url, message in cases.items():
+        with pytest.raises(ConfigError, match=re.escape(message)) as err:
+            read_space(url)
+        assert "\n" not in str(err.value)
 
 
 def test_durations() -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "config_to_yaml",
     "load_config",
     "parse_config",
+    "read_text_file",
     "redact_secrets",
 ]
 
@@ -139,21 +140,28 @@ def yaml_error(err: yaml.YAMLError, text: str = "") -> str:
     return text
 
 
-def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
-    """Read a YAML config from any fsspec URL, apply overrides and validate."""
+def read_text_file(url: str, kind: str) -> str:
+    """The UTF-8 text of the file at ``url`` (any fsspec URL); a missing file, a folder, a
+    storage error or bytes that are not text: one-line :class:`ConfigError` naming ``kind``
+    (``config``, ``search space``)."""
     try:
         raw = read_url(url)
     except FileNotFoundError:
-        raise ConfigError(f"{url}: config file not found") from None
+        raise ConfigError(f"{url}: {kind} file not found") from None
     except IsADirectoryError:
-        raise ConfigError(f"{url}: is a directory, not a config file") from None
+        raise ConfigError(f"{url}: is a directory, not a {kind} file") from None
     except (OSError, ValueError) as err:
-        raise ConfigError(f"{url}: cannot read config ({err})") from None
+        raise ConfigError(f"{url}: cannot read {kind} ({err})") from None
     try:
-        text = raw.decode("utf-8")
+        return raw.decode("utf-8")
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         raise ConfigError(f"{url}, line {line}: not a text (UTF-8) file") from None
+
+
+def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
+    """Read a YAML config from any fsspec URL, apply overrides and validate."""
+    text = read_text_file(url, "config")
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:

@@ -248,18 +248,9 @@ class SearchSpace:
 def read_space(url: str) -> SearchSpace:
     """The search space in the YAML file at ``url`` (any fsspec URL); a missing file, a
     folder, a file that is not text, or a bad space: one-line :class:`ConfigError`."""
-    from kgpipe.storage import read_url
+    from kgpipe.config.io import read_text_file
 
-    try:
-        raw = read_url(url)
-    except FileNotFoundError:
-        raise ConfigError(f"{url}: search space file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{url}: is a directory, not a search space file") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"{url}: not a text (UTF-8) file") from None
+    text = read_text_file(url, "search space")
     return SearchSpace.from_yaml(text, source=url)
 
 
