@@ -52,7 +52,8 @@ def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None
     need = rank_memory(config, **sizes).total  # ~5.5 GiB: 12 x 400 MB and a step of 1 GB
     roomy = {"w1": {"memory_limit": 8 * 2**30, "metrics": {"memory": 300 * MIB}}}
     assert check_gang_memory(config, roomy, **sizes).total == need
-    assert check_gang_memory(config, {"w": {"memory_limit": 0}}, **sizes)  # no limit: no check
+    no_limit = {"w": {"memory_limit": 0, "metrics": {"memory": 64 * 2**30}}}
+    assert check_gang_memory(config, no_limit, **sizes).total == need  # no limit: no check
     tight = {
         "w1": {"memory_limit": 8 * 2**30, "metrics": {"memory": 300 * MIB}},
         "w2": {"memory_limit": 4 * 2**30, "metrics": {"memory": 300 * MIB}},
