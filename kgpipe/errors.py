@@ -47,6 +47,11 @@ class Fenced(RunError):
     driver is gone); relaunching it cannot help."""
 
 
+class SearchStopped(RunError):
+    """A hyperparameter search stopped because every recent trial failed (a cause they all
+    share, such as unreadable data); its study is kept and can be resumed."""
+
+
 class StorageError(KgpipeError):
     """An object store refused an operation (credentials) or stayed unreachable after retries."""
 

@@ -183,6 +183,17 @@ def test_an_unknown_key_in_the_space_is_one_error_line(
     assert not root.exists()  # nothing written
 
 
+def test_a_search_whose_trials_all_fail_stops_with_one_error_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = _search(tmp_path, "s", "--trials", "40", "--set", f"data.root={tmp_path / 'no-data'}")
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    line = _one_error_line(err)
+    assert "after 5 trials in a row failed" in line and "file not found" in line, line
+    assert f"kgpipe tune --resume {tmp_path / 'studies' / 's'}" in line, line
+
+
 def test_a_bad_timeout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_cli(["tune", "-c", BASE, "--timeout", "abc"], capsys)
     assert code == 2

@@ -20,7 +20,7 @@ from kgpipe.cli.tune_progress import (
     short_names,
     trials_text,
 )
-from kgpipe.errors import ConfigError
+from kgpipe.errors import ConfigError, SearchStopped
 
 if TYPE_CHECKING:
     from kgpipe.tune import StudyFolder, TuneSettings
@@ -369,6 +369,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
             progress.close()
         console.print(escape(_resume_hint(folder)), highlight=False, soft_wrap=True)
         raise
+    except SearchStopped as err:
+        again = f"kgpipe tune --resume {shlex.quote(str(folder.path))}"
+        raise SearchStopped(f"{err} (`{again}`)") from None
     finally:
         if progress is not None:
             progress.close()

@@ -94,6 +94,12 @@ class TuneSettings(Frozen):
         ge=0,
         description="Re-runs of a trial whose worker died (it resumes its checkpoint).",
     )
+    max_failures: int | None = Field(
+        default=5,
+        ge=1,
+        description="Stop the search when this many trials in a row failed (a base config "
+        "whose data cannot be read fails every trial at once); none: never stop for failures.",
+    )
 
     @field_validator("root")
     @classmethod

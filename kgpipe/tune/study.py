@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kgpipe.config import RunConfig
-from kgpipe.errors import ConfigError
+from kgpipe.errors import ConfigError, SearchStopped
 from kgpipe.tune.folder import StudyFolder
 from kgpipe.tune.settings import make_pruner, make_sampler
 from kgpipe.tune.space import describe_values, trial_config
@@ -220,8 +220,18 @@ def _search(
         return study
     tracker = StudyTracker.open(folder, study, warn or say)
 
+    failures: list[str] = []  # the errors of the trials that failed in a row, latest last
+
     def budget_left() -> bool:
+        if s.max_failures is not None and len(failures) >= s.max_failures:
+            return False  # something every trial shares is broken: stop sampling
         return _budget_left(study, s, deadline, len(running))
+
+    def count(outcome: TrialOutcome) -> None:
+        if outcome.state == "fail":
+            failures.append(outcome.error or "no error recorded")
+        else:
+            failures.clear()
 
     def prepare(trial: Any) -> _Running | None:
         values = trial.user_attrs.get("values") or {}
@@ -241,6 +251,7 @@ def _search(
             error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
             outcome = TrialOutcome(trial.number, "fail", error=error)
             _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
+            count(outcome)
             emit(
                 StudyEvent(
                     "finished", trial.number, values, outcome, study, _finished(study), s.trials
@@ -257,6 +268,7 @@ def _search(
         if tracker is not None:  # before the trial is told: its MLflow run id is kept on it
             tracker.trial(run.trial, run.spec.config, outcome)
         _tell(study, run, outcome)
+        count(outcome)
         shown = f"{outcome.value:.4f}" if outcome.value is not None else "-"
         say(
             f"trial {run.trial.number} {outcome.state}: valid MRR {shown} after {outcome.epochs} epochs"
@@ -310,6 +322,12 @@ def _search(
                         run.trial.number, "fail", error=f"{type(err).__name__}: {err}"
                     )
                 finish(run, outcome)
+    if s.max_failures is not None and len(failures) >= s.max_failures:
+        last = failures[-1].splitlines()[0]
+        raise SearchStopped(
+            f"study {folder.name}: the search stopped after {len(failures)} trials in a row "
+            f"failed (the last: {last}); the study is kept: fix the cause and resume it"
+        )
     return study
 
 
