@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import save_file as st_save_file
 from torch import Tensor
 
 from kgpipe.errors import CheckpointError, KgpipeError
@@ -132,13 +132,12 @@ class CheckpointStore:
         )
         if state.rng is not None:
             tensors["rng.torch"] = state.rng
-        blob = st_save(tensors, metadata={"format": FORMAT, "epoch": str(state.epoch)})
         name = f"state-{uuid.uuid4().hex[:12]}.safetensors"
         if self.fence is not None:  # a writer that may not commit touches nothing
             self.fence()
         self._discard_uncommitted(folder)  # what a killed or failed earlier try left there
         try:
-            return self._commit(state, meta, folder, name, blob)
+            return self._commit(state, meta, folder, name, tensors)
         except BaseException:
             # a failed commit (a full disk, a lost store) leaves no file of its own behind to
             # hold the space that a resume will need -- and touches no one else's
@@ -146,15 +145,26 @@ class CheckpointStore:
             raise
 
     def _commit(
-        self, state: TrainState, meta: dict[str, Any], folder: str, name: str, blob: bytes
+        self,
+        state: TrainState,
+        meta: dict[str, Any],
+        folder: str,
+        name: str,
+        tensors: dict[str, Tensor],
     ) -> Checkpoint:
         manifest_rel = f"{folder}/manifest.json"
-        self.store.write_bytes(f"{folder}/{name}", blob)
+        metadata = {"format": FORMAT, "epoch": str(state.epoch)}
+        # streamed from the tensors to a file (no copy of the state in memory), then hashed
+        sha256, size = self.store.write_produced(
+            f"{folder}/{name}",
+            lambda path: st_save_file(tensors, path, metadata=metadata),
+            size=sum(t.numel() * t.element_size() for t in tensors.values()),
+        )
         manifest = {
             "format": FORMAT,
             "epoch": state.epoch,
             "global_step": state.global_step,
-            "files": {name: {"sha256": _sha256(blob), "bytes": len(blob)}},
+            "files": {name: {"sha256": sha256, "bytes": size}},
             "history": state.history,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **meta,

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
+from safetensors.torch import save_file as st_save_file
 
 from kgpipe.data.vocab import Vocabulary, escape_label
 from kgpipe.errors import RunError
@@ -37,7 +37,12 @@ def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
         "entity": model.entity.data.cpu().contiguous(),
         "relation": model.relation.data.cpu().contiguous(),
     }
-    store.write_bytes(rel, st_save(tensors, metadata={"kgpipe_model": model.spec.to_json()}))
+    metadata = {"kgpipe_model": model.spec.to_json()}
+    store.write_produced(  # streamed to a file: no copy of the tables in memory
+        rel,
+        lambda path: st_save_file(tensors, path, metadata=metadata),
+        size=sum(t.numel() * t.element_size() for t in tensors.values()),
+    )
 
 
 def load_model(store: Store, rel: str = MODEL_FILE) -> KGEModel:

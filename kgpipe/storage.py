@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
-import logging
 import os
 import shutil
-import time
+import tempfile
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,7 +23,8 @@ import fsspec
 from fsspec.core import url_to_fs
 
 from kgpipe.endpoints import check_reachable
-from kgpipe.errors import StorageAccessDenied, StorageError, StorageFull
+from kgpipe.errors import StorageError, StorageFull
+from kgpipe.retry import RetryPolicy, is_out_of_space, is_transient, retrying
 
 __all__ = [
     "RetryPolicy",
@@ -37,95 +37,7 @@ __all__ = [
     "retrying",
 ]
 
-log = logging.getLogger("kgpipe.storage")
 T = TypeVar("T")
-
-# Errors that no retry can fix: missing objects, refused credentials, bad arguments.
-_PERMANENT = (
-    FileNotFoundError,
-    IsADirectoryError,
-    NotADirectoryError,
-    PermissionError,
-    FileExistsError,
-    ValueError,
-    TypeError,
-    KeyError,
-)
-_PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "ParamValidationError"}
-# what object stores answer when a bucket's quota or the servers' disks are full
-_OUT_OF_SPACE_CODES = {
-    "QuotaExceeded",
-    "InsufficientStorage",
-    "XMinioStorageFull",
-    "EntityTooLarge",
-}
-
-
-def is_out_of_space(err: BaseException) -> bool:
-    """Whether ``err`` says the device or the bucket's quota is full (no retry can help soon)."""
-    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    response = getattr(err, "response", None)
-    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
-    return code in _OUT_OF_SPACE_CODES or any(c in str(err) for c in _OUT_OF_SPACE_CODES)
-
-
-def is_transient(err: BaseException) -> bool:
-    """Whether ``err`` looks like a passing object-store/network fault worth retrying."""
-    if isinstance(err, _PERMANENT) or type(err).__name__ in _PERMANENT_NAMES:
-        return False
-    if is_out_of_space(err):
-        return False
-    if isinstance(err, OSError | ConnectionError | TimeoutError):
-        return True
-    module = type(err).__module__
-    return module.startswith(("botocore", "aiobotocore", "aiohttp", "urllib3", "requests"))
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Retries of transient storage errors: ``retries`` more attempts, delays doubling from
-    ``backoff_s`` up to ``max_backoff_s``."""
-
-    retries: int = 6
-    backoff_s: float = 0.5
-    max_backoff_s: float = 10.0
-
-    def delays(self) -> list[float]:
-        return [min(self.max_backoff_s, self.backoff_s * 2**i) for i in range(self.retries)]
-
-
-def retrying(fn: Callable[[], T], *, what: str, policy: RetryPolicy) -> T:
-    """Call ``fn``; on transient errors retry with backoff, then raise :class:`StorageError`."""
-    delays = policy.delays()
-    for attempt in range(len(delays) + 1):
-        try:
-            return fn()
-        except Exception as err:
-            if not is_transient(err):
-                if isinstance(err, PermissionError):
-                    raise StorageAccessDenied(f"{what}: access denied ({_brief(err)})") from None
-                if type(err).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
-                    raise StorageAccessDenied(
-                        f"{what}: no credentials ({_brief(err)}); give them in storage_options "
-                        "or the AWS_* environment variables"
-                    ) from None
-                raise
-            if attempt == len(delays):
-                raise StorageError(
-                    f"{what}: failed after {attempt + 1} attempts ({_brief(err)})"
-                ) from None
-            log.warning(
-                "%s: %s; retry %d/%d in %.1f s",
-                what, _brief(err), attempt + 1, len(delays), delays[attempt],
-            )  # fmt: skip
-            time.sleep(delays[attempt])
-    raise AssertionError("unreachable")
-
-
-def _brief(err: BaseException) -> str:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def join_url(base: str, *parts: str) -> str:
@@ -211,6 +123,48 @@ class Store:
             if is_out_of_space(err):
                 raise StorageFull(self._full_message(rel, parent, len(data))) from None
             raise
+
+    def write_produced(
+        self, rel: str, produce: Callable[[str], None], *, size: int
+    ) -> tuple[str, int]:
+        """Write the file that ``produce(path)`` writes at a local ``path``, whole or not at all,
+        and return its sha256 and size, so that a large file (a checkpoint) never sits in memory. Local:
+        a temporary file beside ``rel``, fsynced and renamed into place; an object store: a
+        temporary file in the system's temp folder, uploaded (in parts) with retries, removed.
+        ``size``: the least bytes the file has (shorter is an error; full-disk messages say it)."""
+        path = self.path(rel)
+        parent = path.rsplit("/", 1)[0]
+        try:
+            if self.local:
+                self.fs.makedirs(parent, exist_ok=True)
+                return _produce(f"{path}.tmp-{uuid.uuid4().hex}", produce, size, final=path)
+        except (OSError, StorageError) as err:
+            if is_out_of_space(err):
+                raise StorageFull(self._full_message(rel, parent, size)) from None
+            raise
+        with tempfile.TemporaryDirectory(prefix="kgpipe-upload-") as folder:
+            tmp = os.path.join(folder, "data")
+            try:
+                digest = _produce(tmp, produce, size)
+            except OSError as err:
+                if is_out_of_space(err):
+                    raise StorageFull(
+                        f"{self.url_of(rel)}: no space left in the temporary folder {folder} for "
+                        f"the upload (writing {size:,} bytes; point TMPDIR at a larger disk)"
+                    ) from None
+                raise
+
+            def put() -> None:
+                self.fs.makedirs(parent, exist_ok=True)
+                self.fs.put_file(tmp, path)
+
+            try:
+                self._do("write", rel, put)
+            except (OSError, StorageError) as err:
+                if is_out_of_space(err):
+                    raise StorageFull(self._full_message(rel, parent, size)) from None
+                raise
+            return digest
 
     def _write_local(self, path: str, parent: str, data: bytes) -> None:
         self.fs.makedirs(parent, exist_ok=True)
@@ -338,6 +292,36 @@ def read_url(
     return retrying(
         lambda: bytes(fs.cat_file(path)), what=f"read {url}", policy=retry or RetryPolicy()
     )
+
+
+def _produce(
+    tmp: str, produce: Callable[[str], None], size: int, *, final: str = ""
+) -> tuple[str, int]:
+    """``produce(tmp)``, checked (at least ``size`` bytes), fsynced, hashed; renamed to
+    ``final`` when given. A failure removes ``tmp``."""
+    try:
+        try:
+            produce(tmp)
+        except OSError:
+            raise
+        except Exception as err:  # a writer that wraps the OS error (safetensors' Rust one)
+            text = str(err)
+            if "os error 28" in text or "No space left" in text:
+                raise OSError(errno.ENOSPC, text) from None
+            raise
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+            written = os.fstat(f.fileno()).st_size
+            if written < size:
+                raise OSError(errno.EIO, f"{tmp}: {written:,} bytes written, {size:,} expected")
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if final:
+            os.replace(tmp, final)
+        return digest, written
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _precondition_failed(err: BaseException) -> bool:

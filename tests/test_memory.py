@@ -25,12 +25,19 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     tables = 4 * (1000 * 10 + 10 * 10)  # 10 relation rows (reciprocal), TransE width = dim
     assert m.tables == tables
     assert m.optimizer == 2 * tables  # Adam (the default): two moments per value
-    assert m.checkpoint == 3 * 3 * tables  # snapshot, tensor bytes, file buffer of both
+    assert m.checkpoint == 3 * tables  # the background writer's snapshot of both (streamed)
     assert m.averaging == 0  # step sync
     assert m.triples == 51 * (3 * 8 + 8)  # ceil(101 / 2) triples: 3 ids and an order index
     # a step: 2 x (1024 / 2 local batch) x (256 negatives + 2) x 10 floats (rows, gradients)
     assert m.step == 4 * 2 * 512 * 258 * 10
-    assert m.total == 12 * tables + 51 * 32 + m.step
+    assert m.total == 6 * tables + 51 * 32 + m.step
+    synchronous = _config(model={"name": "transe", "dim": 10}, checkpoint={"background": False})
+    assert (
+        rank_memory(
+            synchronous, num_entities=1000, num_relations=5, num_train=0, world=1
+        ).checkpoint
+        == 0
+    )
     adagrad = _config(
         model={"name": "transe", "dim": 10}, training={"optimizer": "adagrad"},
         distributed={"workers": 2, "sync": "epoch"},
@@ -42,27 +49,27 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     )
     m1 = rank_memory(one_vs_all, num_entities=1000, num_relations=5, num_train=0, world=1)
     assert m1.step == 4 * 2 * 1024 * 1000  # scores against every entity, and their gradient
-    assert (m.optimizer, m.checkpoint) == (tables, 3 * 2 * tables)
+    assert (m.optimizer, m.checkpoint) == (tables, 2 * tables)
     assert m.averaging == tables + 4 * (1000 + 5)  # the epoch's start and per-row counts
 
 
 def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None:
     config = _config(model={"name": "transe", "dim": 1000})
     sizes = {"num_entities": 100_000, "num_relations": 10, "num_train": 0, "world": 2}
-    need = rank_memory(config, **sizes).total  # ~5.5 GiB: 12 x 400 MB and a step of 1 GB
+    need = rank_memory(config, **sizes).total  # ~3.2 GiB: 6 x 400 MB and a step of 1 GB
     roomy = {"w1": {"memory_limit": 8 * 2**30, "metrics": {"memory": 300 * MIB}}}
     assert check_gang_memory(config, roomy, **sizes).total == need
     no_limit = {"w": {"memory_limit": 0, "metrics": {"memory": 64 * 2**30}}}
     assert check_gang_memory(config, no_limit, **sizes).total == need  # no limit: no check
     tight = {
         "w1": {"memory_limit": 8 * 2**30, "metrics": {"memory": 300 * MIB}},
-        "w2": {"memory_limit": 4 * 2**30, "metrics": {"memory": 300 * MIB}},
+        "w2": {"memory_limit": 3 * 2**30, "metrics": {"memory": 300 * MIB}},
     }
     with pytest.raises(ConfigError) as err:
         check_gang_memory(config, tight, **sizes)
     message = str(err.value)
     assert "\n" not in message
-    for part in ("needs about 5.45 GiB", "300.00 MiB", "memory limit is 4.00 GiB", "w2",
+    for part in ("needs about 3.22 GiB", "300.00 MiB", "memory limit is 3.00 GiB", "w2",
                  "distributed.memory_limit", "tables 381.51 MiB"):  # fmt: skip
         assert part in message, (part, message)
 

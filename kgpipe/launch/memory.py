@@ -7,8 +7,9 @@ the replicated strategy every rank holds:
 
 * the tables: ``entities x dim`` and ``relation rows x relation width`` float32 values;
 * their optimiser state: one table-sized copy per slot (Adam 2, Adagrad 1, SGD 0);
-* at a commit (rank 0; any rank may be rank 0), three more copies of both: the snapshot the
-  background writer takes, then safetensors' bytes of each tensor and the file's buffer;
+* at a commit (rank 0; any rank may be rank 0), one more copy of both: the snapshot the
+  background writer takes (none with ``checkpoint.background: false``); the file is streamed
+  from the tensors to disk, so serialising holds no copy (it held three before);
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
 * its share of the staged training triples (3 int64 ids each) and of the epoch's order;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
@@ -97,7 +98,7 @@ def rank_memory(
     return RankMemory(
         tables=tables,
         optimizer=optimizer,
-        checkpoint=3 * (tables + optimizer),
+        checkpoint=(tables + optimizer) if config.checkpoint.background else 0,
         averaging=averaging,
         triples=share * (3 * 8 + 8),
         step=step,
