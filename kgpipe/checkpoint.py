@@ -17,23 +17,23 @@ Tensors are stored with safetensors (no pickle); everything else is JSON.
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from safetensors.torch import load as st_load
+from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_file as st_save_file
 from torch import Tensor
 
 from kgpipe.errors import CheckpointError, KgpipeError
-from kgpipe.storage import Store
+from kgpipe.storage import Store, file_sha256
 
 __all__ = [
     "Checkpoint",
@@ -93,10 +93,6 @@ class Checkpoint:
 
 def _dir(epoch: int) -> str:
     return f"{ROOT}/epoch-{epoch:06d}"
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 class CheckpointStore:
@@ -225,36 +221,43 @@ class CheckpointStore:
                 out.append(Checkpoint(self.store.url_of(_dir(epoch)), epoch, m))
         return out
 
-    def _read_verified(self, ckpt: Checkpoint) -> dict[str, bytes] | None:
-        files: dict[str, bytes] = {}
-        for name, info in ckpt.manifest["files"].items():
-            rel = f"{_dir(ckpt.epoch)}/{name}"
-            try:
-                data = self.store.read_bytes(rel)
-            except FileNotFoundError:
-                log.warning("%s: missing; checkpoint of epoch %d skipped", rel, ckpt.epoch)
-                return None
-            if len(data) != info["bytes"] or _sha256(data) != info["sha256"]:
-                log.warning(
-                    "%s: checksum mismatch (corrupt); checkpoint of epoch %d skipped",
-                    self.store.url_of(rel), ckpt.epoch,
-                )  # fmt: skip
-                return None
-            files[name] = data
-        return files
+    @contextlib.contextmanager
+    def _verified(self, ckpt: Checkpoint) -> Iterator[dict[str, str] | None]:
+        """Local paths of the checkpoint's files, each checked against the manifest's size and
+        sha256 (read from disk in blocks, never whole into memory); ``None`` if any is missing
+        or differs."""
+        with contextlib.ExitStack() as stack:
+            paths: dict[str, str] = {}
+            for name, info in ckpt.manifest["files"].items():
+                rel = f"{_dir(ckpt.epoch)}/{name}"
+                try:
+                    path = stack.enter_context(self.store.local_copy(rel))
+                except FileNotFoundError:
+                    log.warning("%s: missing; checkpoint of epoch %d skipped", rel, ckpt.epoch)
+                    yield None
+                    return
+                if file_sha256(path) != (info["sha256"], info["bytes"]):
+                    log.warning(
+                        "%s: checksum mismatch (corrupt); checkpoint of epoch %d skipped",
+                        self.store.url_of(rel), ckpt.epoch,
+                    )  # fmt: skip
+                    yield None
+                    return
+                paths[name] = path
+            yield paths
 
     def verify(self, ckpt: Checkpoint) -> bool:
-        return self._read_verified(ckpt) is not None
+        with self._verified(ckpt) as paths:
+            return paths is not None
 
     def latest(self, *, max_epoch: int | None = None) -> tuple[Checkpoint, TrainState] | None:
         """The newest committed checkpoint that verifies, loaded; ``None`` if there is none."""
         for ckpt in reversed(self.committed()):
             if max_epoch is not None and ckpt.epoch > max_epoch:
                 continue
-            files = self._read_verified(ckpt)
-            if files is None:
-                continue
-            return ckpt, self._state(ckpt, files)
+            with self._verified(ckpt) as paths:
+                if paths is not None:
+                    return ckpt, self._state(ckpt, paths)
         return None
 
     def resume_point(self) -> tuple[Checkpoint, TrainState] | None:
@@ -275,17 +278,18 @@ class CheckpointStore:
         return found
 
     def load(self, ckpt: Checkpoint) -> TrainState:
-        files = self._read_verified(ckpt)
-        if files is None:
-            raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
-        return self._state(ckpt, files)
+        with self._verified(ckpt) as paths:
+            if paths is None:
+                raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
+            return self._state(ckpt, paths)
 
-    def _state(self, ckpt: Checkpoint, files: dict[str, bytes]) -> TrainState:
+    def _state(self, ckpt: Checkpoint, paths: dict[str, str]) -> TrainState:
         tables: dict[str, Tensor] = {}
         optim: dict[str, Tensor] = {}
         rng = None
-        for data in files.values():
-            for k, v in st_load(data).items():
+        for path in paths.values():
+            # read straight into the tensors (one copy of the state, as loading bytes was three)
+            for k, v in st_load_file(path, backend="pread").items():
                 kind, _, name = k.partition(".")
                 if kind == "table":
                     tables[name] = v

@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -30,6 +30,7 @@ __all__ = [
     "RetryPolicy",
     "Store",
     "check_reachable",
+    "file_sha256",
     "is_out_of_space",
     "is_transient",
     "join_url",
@@ -166,6 +167,21 @@ class Store:
                 raise
             return digest
 
+    @contextlib.contextmanager
+    def local_copy(self, rel: str) -> Iterator[str]:
+        """A local path of the file at ``rel`` while the context lasts: the file itself on a
+        local disk; from an object store a download (with retries) to the system's temp
+        folder, removed after. Nothing is read into memory."""
+        if self.local:
+            if not os.path.isfile(self.path(rel)):
+                raise FileNotFoundError(self.path(rel))
+            yield self.path(rel)
+            return
+        with tempfile.TemporaryDirectory(prefix="kgpipe-download-") as folder:
+            tmp = os.path.join(folder, "data")
+            self._do("read", rel, lambda: self.fs.get_file(self.path(rel), tmp))
+            yield tmp
+
     def _write_local(self, path: str, parent: str, data: bytes) -> None:
         self.fs.makedirs(parent, exist_ok=True)
         tmp = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -294,6 +310,12 @@ def read_url(
     )
 
 
+def file_sha256(path: str) -> tuple[str, int]:
+    """The sha256 (hex) and size of a local file, read in blocks."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest(), os.fstat(f.fileno()).st_size
+
+
 def _produce(
     tmp: str, produce: Callable[[str], None], size: int, *, final: str = ""
 ) -> tuple[str, int]:
@@ -311,10 +333,9 @@ def _produce(
             raise
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-            written = os.fstat(f.fileno()).st_size
-            if written < size:
-                raise OSError(errno.EIO, f"{tmp}: {written:,} bytes written, {size:,} expected")
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        digest, written = file_sha256(tmp)
+        if written < size:
+            raise OSError(errno.EIO, f"{tmp}: {written:,} bytes written, {size:,} expected")
         if final:
             os.replace(tmp, final)
         return digest, written
