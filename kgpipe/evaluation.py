@@ -12,6 +12,12 @@ model's own intermediates), whatever the size of the evaluation set.
 
 A *sampled* mode ranks each query against ``k`` random entities instead of all; its numbers are
 not comparable to published results and are labelled ``"candidates": "sampled-k"``.
+
+*Split over the ranks of a gang* (``part=(rank, world)``, a process group initialised): each
+rank scores every query against its own range of entity ids only, counts the better and equal
+candidates there (after filtering), and one all-reduce sums the counts into the exact realistic
+ranks; the target's score comes from the rank whose range holds it. Each rank computes and holds
+``1 / world`` of the score matrix, and the result equals the single-process one.
 """
 
 from __future__ import annotations
@@ -114,16 +120,19 @@ def evaluate(
     sampled: int | None = None,
     generator: torch.Generator | None = None,
     progress: ProgressFn | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> dict[str, Any]:
     """Filtered link-prediction metrics of ``triples`` ``(n, 3)`` on both sides.
 
-    Returns ``{"mrr", "mr", "hits@1", "hits@3", "hits@10", "head": {...}, "tail": {...},
-    "triples", "candidates"}``.
+    ``part``: ``(rank, world)`` of a gang whose every rank calls this with the same arguments
+    (each scores its range of entities; see the module's notes). Returns ``{"mrr", "mr",
+    "hits@1", "hits@3", "hits@10", "head": {...}, "tail": {...}, "triples", "candidates"}``.
     """
     triples = triples.long()
     n = int(triples.shape[0])
-    device = model.entity.device  # scores and ranks are computed where the model is
     num_entities = model.spec.num_entities
+    if part[1] > 1 and sampled is not None:
+        raise ValueError("sampled evaluation is not split over ranks")
     sample: Tensor | None = None
     if sampled is not None:
         gen = generator or torch.Generator().manual_seed(0)
@@ -134,19 +143,11 @@ def evaluate(
     for side in ("tail", "head"):
         for start in range(0, n, batch_size):
             chunk = triples[start : start + batch_size]
-            h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
-            if side == "tail":
-                anchors, targets = h, t
-                scores = model.score_all_tails(h.to(device), r.to(device))
+            if part[1] > 1:
+                got = _split_ranks(model, side, chunk, filter_index, part)
             else:
-                anchors, targets = t, h
-                scores = model.score_all_heads(r.to(device), t.to(device))
-            f_rows, f_cols = filter_index.answers(side, anchors, r)
-            if sample is not None:
-                scores, targets, f_rows, f_cols = _restrict(
-                    scores, targets.to(device), f_rows.to(device), f_cols.to(device), sample
-                )
-            ranks[side].append(realistic_ranks(scores, targets, f_rows, f_cols).cpu())
+                got = _chunk_ranks(model, side, chunk, filter_index, sample)
+            ranks[side].append(got.cpu())
             done += int(chunk.shape[0])
             if progress is not None:
                 progress(done, total)
@@ -158,6 +159,61 @@ def evaluate(
     out["triples"] = n
     out["candidates"] = "all" if sample is None else f"sampled-{int(sample.numel())}"
     return out
+
+
+def _chunk_ranks(
+    model: KGEModel, side: str, chunk: Tensor, index: FilterIndex, sample: Tensor | None
+) -> Tensor:
+    """This chunk's realistic ranks on ``side``, against all entities or the ``sample``."""
+    device = model.entity.device
+    h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+    if side == "tail":
+        anchors, targets = h, t
+        scores = model.score_all_tails(h.to(device), r.to(device))
+    else:
+        anchors, targets = t, h
+        scores = model.score_all_heads(r.to(device), t.to(device))
+    f_rows, f_cols = index.answers(side, anchors, r)
+    if sample is not None:
+        scores, targets, f_rows, f_cols = _restrict(
+            scores, targets.to(device), f_rows.to(device), f_cols.to(device), sample
+        )
+    return realistic_ranks(scores, targets, f_rows, f_cols)
+
+
+def _split_ranks(
+    model: KGEModel, side: str, chunk: Tensor, index: FilterIndex, part: tuple[int, int]
+) -> Tensor:
+    """This chunk's realistic ranks, each rank of the gang scoring its range of entities."""
+    import torch.distributed as dist
+
+    rank, world = part
+    n = model.spec.num_entities
+    lo, hi = n * rank // world, n * (rank + 1) // world
+    dev = model.entity.device
+    h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+    if side == "tail":
+        anchors, targets = h, t
+        block = model.score_all_tails(h.to(dev), r.to(dev), slice(lo, hi))
+    else:
+        anchors, targets = t, h
+        block = model.score_all_heads(r.to(dev), t.to(dev), slice(lo, hi))
+    targets = targets.to(dev)
+    rows = torch.arange(block.shape[0], device=dev)
+    own = (targets >= lo) & (targets < hi)
+    mine, cols = rows[own], targets[own] - lo
+    true = torch.zeros(block.shape[0], dtype=block.dtype, device=dev)
+    true[mine] = block[mine, cols]  # the target's score, from the rank that has its entity
+    dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+    f_rows, f_cols = index.answers(side, anchors, r)
+    f_rows, f_cols = f_rows.to(dev), f_cols.to(dev)
+    keep = (f_cols >= lo) & (f_cols < hi)
+    block[f_rows[keep], f_cols[keep] - lo] = float("-inf")
+    block[mine, cols] = float("-inf")
+    col = true.unsqueeze(1)
+    counts = torch.stack(((block > col).sum(1), (block == col).sum(1)))
+    dist.all_reduce(counts)
+    return 1.0 + counts[0].double() + counts[1].double() / 2.0
 
 
 def _restrict(

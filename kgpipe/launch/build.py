@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from kgpipe.checkpoint import TrainState
-from kgpipe.config import TrainingConfig
+from kgpipe.config import RunConfig, TrainingConfig
 from kgpipe.evaluation import FilterIndex
 from kgpipe.process import ThreadGovernor
 from kgpipe.runs.callbacks import CheckpointCallback, Validation
@@ -93,6 +93,12 @@ class BuiltTrainer:
     saver: CheckpointCallback | None
 
 
+def splits_validation(config: RunConfig, world_size: int) -> bool:
+    """Whether every rank of a gang validates, each against its range of entities (full
+    filtered ranking), rather than rank 0 alone (a sampled validation, or a gang of one)."""
+    return world_size > 1 and bool(config.evaluation.every) and config.evaluation.sampled is None
+
+
 def build_trainer(
     run: RunFolder,
     data: StagedData,
@@ -145,11 +151,13 @@ def build_trainer(
     if restarts is not None:
         ordered.append(RecordRestarts(restarts))
     saver: CheckpointCallback | None = None
+    split = splits_validation(config, world_size)
+    if config.evaluation.every and (records or split):
+        index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
+        tick = governor.tick if governor is not None else None
+        part = (rank, world_size) if split else (0, 1)
+        ordered.append(Validation(model, data.valid, index, config, tick=tick, part=part))
     if records:
-        if config.evaluation.every:
-            index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
-            tick = governor.tick if governor is not None else None
-            ordered.append(Validation(model, data.valid, index, config, tick=tick))
         c = config.checkpoint
         saver = CheckpointCallback(
             run.checkpoints(fence=fence),

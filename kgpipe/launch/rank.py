@@ -25,7 +25,7 @@ from kgpipe.data.shards import read_manifest, read_shards
 from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.errors import CheckpointError, Fenced
-from kgpipe.launch.build import build_trainer
+from kgpipe.launch.build import build_trainer, splits_validation
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import RunFolder
 from kgpipe.training.exchange import Exchange
@@ -166,7 +166,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     try:
         step_sync, lead = dcfg.sync == "step", spec.rank == 0
         # all training triples where the rank trains the global batch or validates (the filter)
-        data = run.staged(train=step_sync or lead)
+        data = run.staged(train=step_sync or lead or splits_validation(config, spec.world_size))
         if step_sync:
             own = data.train
         else:  # epoch sync: the rank's own shards

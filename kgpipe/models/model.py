@@ -84,13 +84,17 @@ class KGEModel(nn.Module):
         return self.interaction.score(e[h], rel[r], e[t])
 
     @torch.no_grad()
-    def score_all_tails(self, h: Tensor, r: Tensor) -> Tensor:
-        """Scores ``(b, num_entities)`` of queries ``(h, r, ?)`` against every entity."""
-        return self.interaction.score_tails(self.entity[h], self.relation[r], self.entity)
+    def score_all_tails(self, h: Tensor, r: Tensor, candidates: slice | None = None) -> Tensor:
+        """Scores ``(b, num_entities)`` of queries ``(h, r, ?)`` against every entity, or
+        ``(b, len)`` against the entities of the id range ``candidates``."""
+        table = self.entity if candidates is None else self.entity[candidates]
+        return self.interaction.score_tails(self.entity[h], self.relation[r], table)
 
     @torch.no_grad()
-    def score_all_heads(self, r: Tensor, t: Tensor) -> Tensor:
-        """Scores ``(b, num_entities)`` of queries ``(?, r, t)`` against every entity."""
+    def score_all_heads(self, r: Tensor, t: Tensor, candidates: slice | None = None) -> Tensor:
+        """Scores ``(b, num_entities)`` of queries ``(?, r, t)`` against every entity, or
+        ``(b, len)`` against the entities of the id range ``candidates``."""
         if self.spec.reciprocal:
-            return self.score_all_tails(t, self.inverse(r))
-        return self.interaction.score_heads(self.relation[r], self.entity[t], self.entity)
+            return self.score_all_tails(t, self.inverse(r), candidates)
+        table = self.entity if candidates is None else self.entity[candidates]
+        return self.interaction.score_heads(self.relation[r], self.entity[t], table)

@@ -49,7 +49,8 @@ class Validation(Callback):
     """Filtered validation of ``model`` when due; adds ``valid_*`` entries to the epoch stats.
 
     ``tick`` is called between evaluation chunks (the thread governor's, so that a long
-    validation adapts to a neighbour too)."""
+    validation adapts to a neighbour too). ``part``: ``(rank, world)`` when every rank of a
+    gang validates, each scoring its range of entities (:func:`~kgpipe.evaluation.evaluate`)."""
 
     def __init__(
         self,
@@ -59,8 +60,10 @@ class Validation(Callback):
         config: RunConfig,
         *,
         tick: Callable[[], None] | None = None,
+        part: tuple[int, int] = (0, 1),
     ) -> None:
         self.model = model
+        self.part = part
         self.valid = valid
         self.index = index
         self.cfg = config.evaluation
@@ -81,10 +84,12 @@ class Validation(Callback):
             batch_size=self.cfg.batch_size,
             sampled=self.cfg.sampled,
             progress=(lambda _done, _total: tick()) if tick is not None else None,
+            part=self.part,
         )
         keys = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
         stats.extra.update({f"valid_{k}": m[k] for k in keys})
         stats.extra["valid_candidates"] = m["candidates"]
+        stats.extra["valid_ranks"] = self.part[1]  # ranks that shared the scoring
         stats.extra["valid_seconds"] = time.perf_counter() - t0
 
 
