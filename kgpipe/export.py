@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from safetensors.torch import load as st_load
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file as st_save_file
 
 from kgpipe.data.vocab import Vocabulary, escape_label
@@ -49,14 +49,16 @@ def load_model(store: Store, rel: str = MODEL_FILE) -> KGEModel:
     """Read a model written by :func:`save_model`."""
     if not store.exists(rel):
         raise RunError(f"{store.url_of(rel)}: no model file (did training finish?)")
-    data = store.read_bytes(rel)
-    header_len = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + header_len])
-    meta = header.get("__metadata__", {})
-    if "kgpipe_model" not in meta:
-        raise RunError(f"{store.url_of(rel)}: not a kgpipe model file")
+    with store.local_copy(rel) as path:  # read straight into the tables: no copy in bytes
+        try:
+            with safe_open(path, framework="pt") as f:
+                meta = f.metadata() or {}
+                if "kgpipe_model" not in meta:
+                    raise RunError(f"{store.url_of(rel)}: not a kgpipe model file")
+                tensors = {k: f.get_tensor(k) for k in ("entity", "relation")}
+        except SafetensorError as err:
+            raise RunError(f"{store.url_of(rel)}: not a readable model file ({err})") from None
     spec = ModelSpec.from_json(meta["kgpipe_model"])
-    tensors = st_load(data)
     model = KGEModel(spec)
     model.entity.data.copy_(tensors["entity"])
     model.relation.data.copy_(tensors["relation"])

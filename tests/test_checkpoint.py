@@ -132,6 +132,30 @@ def test_a_produced_file_is_written_whole_and_hashed_or_not_at_all(
     assert store.list("a") == ["f.bin"]  # nothing half-written, no temporary file
 
 
+def test_a_model_file_is_read_from_disk_and_a_foreign_one_is_one_line(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    from kgpipe.config import ModelConfig
+    from kgpipe.errors import RunError
+    from kgpipe.export import load_model, save_model
+    from kgpipe.models.model import KGEModel
+
+    model = KGEModel.build(
+        ModelConfig(name="complex", dim=8), num_entities=30, num_relations=4, seed=0
+    )
+    save_model(model, Store(str(tmp_path / "a")))
+    back = load_model(Store(str(tmp_path / "a")))
+    assert torch.equal(back.entity, model.entity) and torch.equal(back.relation, model.relation)
+    assert back.spec == model.spec
+    (tmp_path / "b").mkdir()
+    save_file({"entity": torch.zeros(2, 2)}, str(tmp_path / "b" / "model.safetensors"))
+    with pytest.raises(RunError, match=r"b/model\.safetensors: not a kgpipe model file"):
+        load_model(Store(str(tmp_path / "b")))
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"not safetensors at all")
+    with pytest.raises(RunError, match=r"b/model\.safetensors: not a readable model file"):
+        load_model(Store(str(tmp_path / "b")))
+
+
 def test_corrupt_checkpoint_is_skipped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
