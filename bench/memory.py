@@ -7,8 +7,9 @@ resident set (``ru_maxrss``) after the run. Reported next to what the run must h
 and their optimiser state, the staged training triples. Evaluation is off (its score blocks are
 measured by ``bench/eval_speed.py``).
 
-    .venv/bin/python bench/memory.py --entities 1000000 --edges 4400000 --dim 100
-Results: bench/results/memory_<strategy>_<entities>.json
+    .venv/bin/python bench/memory.py --entities 1000000 --edges 4400000 --dim 100 [--resume]
+Results: bench/results/memory_<strategy>_<entities>[_<tag>].json. With ``--resume``, fresh
+workers then resume the run for a second epoch, and their peaks are reported too.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=4096)
     p.add_argument("--negatives", type=int, default=64)
     p.add_argument("--set", action="append", default=[], help="more config overrides k=v")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="then, on fresh workers, resume the run for one more epoch (a resume's peak)",
+    )
+    p.add_argument("--tag", default="", help="suffix of the result file's name")
     args = p.parse_args()
 
     from distributed import Client
@@ -105,6 +112,20 @@ def main() -> None:
             result = train(config)
             train_s = time.perf_counter() - t0
             peaks = client.run(_peak_rss)
+        resumed: dict[str, Any] = {}
+        if args.resume:  # new processes, so that their peaks are the resume's alone
+            with open_cluster("local", workers=args.workers) as client:
+                assert isinstance(client, Client)
+                before = client.run(_rss)
+                tree["distributed"]["cluster"] = str(client.scheduler.address)
+                tree["training"]["epochs"] = 2
+                t0 = time.perf_counter()
+                train(parse_config(apply_overrides(tree, args.set)), resume=True)
+                resumed = {
+                    "seconds": round(time.perf_counter() - t0, 1),
+                    "worker_rss_before_bytes": list(before.values()),
+                    "worker_peak_rss_bytes": list(client.run(_peak_rss).values()),
+                }
         info = json.loads((Path(tmp) / "runs" / "mem" / "data.json").read_text())
     n, r = int(info["num_entities"]), int(info["num_relations"])
     relation_rows = r * (2 if config.model.reciprocal else 1)
@@ -135,9 +156,14 @@ def main() -> None:
             round((peaks[k] - base[k]) / needed, 2) for k in peaks
         ],
     }
+    if resumed:
+        resumed["peak_over_tables_and_optimizer"] = [
+            round(v / needed, 2) for v in resumed["worker_peak_rss_bytes"]
+        ]
+        out["resume_one_more_epoch"] = resumed
     print(json.dumps(out, indent=1))
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"memory_replicated_{n}.json"
+    path = RESULTS / f"memory_replicated_{n}{'_' + args.tag if args.tag else ''}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -1,0 +1,146 @@
+"""Full filtered evaluation against a million entities: one process, and split over gloo ranks.
+
+    .venv/bin/python bench/eval_split.py --entities 1000000 --triples 5000 --ranks 1 2
+
+A randomly initialised model (speed does not depend on its values) ranks ``--triples`` random
+evaluation triples on both sides against every entity, filtered with ``--train`` random known
+triples. ``--ranks 1`` is ``evaluate`` in this process with all the cores; ``--ranks W`` spawns
+W gloo ranks with ``cores // W`` threads each, every rank scoring its range of entities (what a
+gang's validation does, `kgpipe/evaluation.py`). Reported per setting: the evaluation's wall
+time (from a barrier to the last rank's end), each process's peak resident memory, and the MRR
+(equal in every setting). Results: ``bench/results/eval_split_<entities>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import commit, hardware
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
+    import torch
+
+    from kgpipe.config import ModelConfig
+    from kgpipe.evaluation import FilterIndex
+    from kgpipe.models.model import KGEModel
+
+    g = torch.Generator().manual_seed(0)
+    n, r = args.entities, args.relations
+
+    def triples(k: int) -> torch.Tensor:
+        return torch.stack(
+            (
+                torch.randint(0, n, (k,), generator=g),
+                torch.randint(0, r, (k,), generator=g),
+                torch.randint(0, n, (k,), generator=g),
+            ),
+            1,
+        )
+
+    train, test = triples(args.train), triples(args.triples)
+    index = FilterIndex.from_triples([train, test], r)
+    model = KGEModel.build(
+        ModelConfig(name=args.model, dim=args.dim, reciprocal=True),
+        num_entities=n,
+        num_relations=r,
+        seed=0,
+    )
+    return model, test, index
+
+
+def _rank(
+    rank: int, world: int, port: int, threads: int, args: argparse.Namespace, out: str
+) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from kgpipe.evaluation import evaluate
+
+    torch.set_num_threads(threads)
+    model, test, index = _setup(args)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        dist.barrier()
+        t0 = time.perf_counter()
+        m = evaluate(model, test, index, batch_size=args.batch_size, part=(rank, world))
+        dist.barrier()
+        seconds = time.perf_counter() - t0
+    finally:
+        dist.destroy_process_group()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    Path(f"{out}.{rank}").write_text(
+        json.dumps({"seconds": seconds, "mrr": m["mrr"], "peak": peak})
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--entities", type=int, default=1_000_000)
+    p.add_argument("--relations", type=int, default=50)
+    p.add_argument("--train", type=int, default=2_000_000)
+    p.add_argument("--triples", type=int, default=5_000)
+    p.add_argument("--dim", type=int, default=100)
+    p.add_argument("--model", default="complex")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    args = p.parse_args()
+
+    import torch.multiprocessing as mp
+
+    cores = os.cpu_count() or 1
+    runs = []
+    for world in args.ranks:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        threads = max(1, cores // world)
+        with tempfile.TemporaryDirectory() as tmp:
+            out = str(Path(tmp) / "rank")
+            mp.spawn(_rank, args=(world, port, threads, args, out), nprocs=world)
+            ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(world)]
+        run = {
+            "ranks": world,
+            "threads_per_rank": threads,
+            "seconds": round(max(x["seconds"] for x in ranks), 2),
+            "mrr": ranks[0]["mrr"],
+            "peak_rss_bytes": [x["peak"] for x in ranks],
+        }
+        print(json.dumps(run), flush=True)
+        runs.append(run)
+    out_json = {
+        "hardware": hardware(),
+        "commit": commit(),
+        "command": " ".join(sys.argv),
+        "entities": args.entities,
+        "queries": 2 * args.triples,
+        "model": args.model,
+        "dim": args.dim,
+        "batch_size": args.batch_size,
+        "runs": runs,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"eval_split_{args.entities}.json"
+    path.write_text(json.dumps(out_json, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
