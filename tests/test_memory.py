@@ -27,10 +27,11 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     assert m.optimizer == 2 * tables  # Adam (the default): two moments per value
     assert m.checkpoint == 3 * tables  # the background writer's snapshot of both (streamed)
     assert m.averaging == 0  # step sync
-    assert m.triples == 51 * (3 * 8 + 8)  # ceil(101 / 2) triples: 3 ids and an order index
+    assert m.triples == 101 * (3 * 8 + 8)  # step sync: all triples (3 ids, an order index)
+    assert m.validation == 0  # evaluation.every: 0
     # a step: 2 x (1024 / 2 local batch) x (256 negatives + 2) x 10 floats (rows, gradients)
     assert m.step == 4 * 2 * 512 * 258 * 10
-    assert m.total == 6 * tables + 51 * 32 + m.step
+    assert m.total == 6 * tables + 101 * 32 + m.step
     synchronous = _config(model={"name": "transe", "dim": 10}, checkpoint={"background": False})
     assert (
         rank_memory(
@@ -51,6 +52,21 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     assert m1.step == 4 * 2 * 1024 * 1000  # scores against every entity, and their gradient
     assert (m.optimizer, m.checkpoint) == (tables, 2 * tables)
     assert m.averaging == tables + 4 * (1000 + 5)  # the epoch's start and per-row counts
+    validating = _config(
+        model={"name": "transe", "dim": 10}, evaluation={"every": 1, "batch_size": 256},
+        distributed={"workers": 2, "sync": "epoch"},
+    )  # fmt: skip
+    m = rank_memory(validating, num_entities=1000, num_relations=5, num_train=101, world=2)
+    # epoch sync: its 51 of 101 triples (ids, order), and all 101 ids for the filter
+    assert m.triples == 51 * (3 * 8 + 8) + 101 * 3 * 8
+    # the filter index (4 int64 a triple) and a chunk's float scores and booleans against its
+    # half of the entities (full ranking is split over the gang)
+    assert m.validation == 4 * 8 * 101 + 5 * 256 * 500
+    sampled = validating.model_copy(
+        update={"evaluation": validating.evaluation.model_copy(update={"sampled": 100})}
+    )
+    m = rank_memory(sampled, num_entities=1000, num_relations=5, num_train=101, world=2)
+    assert m.validation == 4 * 8 * 101 + 5 * 256 * 1000  # rank 0 alone: every entity
 
 
 def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None:

@@ -11,7 +11,12 @@ the replicated strategy every rank holds:
   background writer takes (none with ``checkpoint.background: false``); the file is streamed
   from the tensors to disk, so serialising holds no copy (it held three before);
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
-* its share of the staged training triples (3 int64 ids each) and of the epoch's order;
+* the staged training triples (3 int64 ids each) and the epoch's order: all of them under step
+  sync (every rank draws the global batch), its shards under epoch sync, plus all of them
+  where it validates (the filter needs every known triple);
+* where it validates (full ranking is split over every rank of a gang; a sampled validation
+  runs on rank 0): the filter index, 4 int64 per known triple, and a chunk's scores against
+  its candidates with a comparison's booleans;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   the scores against every entity and their gradient (``2 b entities`` floats).
@@ -55,12 +60,13 @@ class RankMemory:
     averaging: int
     triples: int
     step: int
+    validation: int = 0
 
     @property
     def total(self) -> int:
         return (
             self.tables + self.optimizer + self.checkpoint + self.averaging + self.triples
-            + self.step
+            + self.step + self.validation
         )  # fmt: skip
 
     def describe(self) -> str:
@@ -71,6 +77,7 @@ class RankMemory:
             ("model averaging", self.averaging),
             ("training triples", self.triples),
             ("step buffers", self.step),
+            ("filter index", self.validation),
         ]
         return ", ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
 
@@ -88,7 +95,13 @@ def rank_memory(
     averaging = 0
     if config.distributed.sync == "epoch" and world > 1:
         averaging = tables + 4 * (num_entities + relation_rows)
-    share = -(-num_train // max(1, world))
+    step_sync = config.distributed.sync == "step" or world == 1
+    validates = bool(config.evaluation.every)  # rank 0 does (any worker may hold rank 0)
+    if step_sync:
+        triples = num_train * (3 * 8 + 8)
+    else:  # its shards, and every triple where it validates
+        triples = -(-num_train // max(1, world)) * (3 * 8 + 8)
+        triples += num_train * 3 * 8 if validates else 0
     t = config.training
     batch = -(-t.batch_size // max(1, world))
     if t.mode == "negative_sampling":
@@ -100,9 +113,20 @@ def rank_memory(
         optimizer=optimizer,
         checkpoint=(tables + optimizer) if config.checkpoint.background else 0,
         averaging=averaging,
-        triples=share * (3 * 8 + 8),
+        triples=triples,
         step=step,
+        validation=_validation(config, num_entities, num_train, world) if validates else 0,
     )
+
+
+def _validation(config: RunConfig, num_entities: int, num_train: int, world: int) -> int:
+    """The filter index (4 int64 per known triple) and a chunk's scores: float32 against the
+    rank's candidates and the boolean of a comparison (the rank's range of entities when a
+    gang splits full ranking, else all of them)."""
+    ev = config.evaluation
+    split = world > 1 and ev.sampled is None
+    candidates = -(-num_entities // world) if split else num_entities
+    return 4 * 8 * num_train + (4 + 1) * ev.batch_size * candidates
 
 
 def check_gang_memory(
