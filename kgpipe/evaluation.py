@@ -17,7 +17,9 @@ not comparable to published results and are labelled ``"candidates": "sampled-k"
 rank scores every query against its own range of entity ids only, counts the better and equal
 candidates there (after filtering), and one all-reduce sums the counts into the exact realistic
 ranks; the target's score comes from the rank whose range holds it. Each rank computes and holds
-``1 / world`` of the score matrix, and the result equals the single-process one.
+``1 / world`` of the score matrix. The result equals the single-process one where a score does
+not depend on how many candidates a matrix product computes at once (tested on the CPU; a GPU
+library may sum in another order for another shape, which can move exact ties by half a rank).
 """
 
 from __future__ import annotations
@@ -192,11 +194,12 @@ def _split_ranks(
     lo, hi = n * rank // world, n * (rank + 1) // world
     dev = model.entity.device
     h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
-    if side == "tail":
-        anchors, targets = h, t
+    anchors, targets = (h, t) if side == "tail" else (t, h)
+    if hi == lo:  # more ranks than entities: nothing to score here, the collectives still run
+        block = torch.zeros((chunk.shape[0], 0), dtype=model.entity.dtype, device=dev)
+    elif side == "tail":
         block = model.score_all_tails(h.to(dev), r.to(dev), slice(lo, hi))
     else:
-        anchors, targets = t, h
         block = model.score_all_heads(r.to(dev), t.to(dev), slice(lo, hi))
     targets = targets.to(dev)
     rows = torch.arange(block.shape[0], device=dev)

@@ -179,7 +179,15 @@ class Store:
             return
         with tempfile.TemporaryDirectory(prefix="kgpipe-download-") as folder:
             tmp = os.path.join(folder, "data")
-            self._do("read", rel, lambda: self.fs.get_file(self.path(rel), tmp))
+            try:
+                self._do("read", rel, lambda: self.fs.get_file(self.path(rel), tmp))
+            except OSError as err:
+                if is_out_of_space(err):
+                    raise StorageFull(
+                        f"{self.url_of(rel)}: no space left in the temporary folder {folder} for "
+                        "the download (point TMPDIR at a larger disk)"
+                    ) from None
+                raise
             yield tmp
 
     def _write_local(self, path: str, parent: str, data: bytes) -> None:
@@ -330,6 +338,8 @@ def _produce(
             text = str(err)
             if "os error 28" in text or "No space left" in text:
                 raise OSError(errno.ENOSPC, text) from None
+            if "os error 122" in text or "quota exceeded" in text:
+                raise OSError(errno.EDQUOT, text) from None
             raise
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())

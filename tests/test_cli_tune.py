@@ -190,7 +190,7 @@ def test_a_search_whose_trials_all_fail_stops_with_one_error_line(
     code, _, err = run_cli(argv, capsys)
     assert code == 2
     line = _one_error_line(err)
-    assert "after 5 trials in a row failed" in line and "file not found" in line, line
+    assert "because 5 trials in a row failed" in line and "file not found" in line, line
     assert f"kgpipe tune --resume {tmp_path / 'studies' / 's'}" in line, line
 
 

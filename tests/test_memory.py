@@ -57,16 +57,16 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
         distributed={"workers": 2, "sync": "epoch"},
     )  # fmt: skip
     m = rank_memory(validating, num_entities=1000, num_relations=5, num_train=101, world=2)
-    # epoch sync: its 51 of 101 triples (ids, order), and all 101 ids for the filter
+    # epoch sync: its 51 of 101 triples (ids, order), and all 101 ids on rank 0
     assert m.triples == 51 * (3 * 8 + 8) + 101 * 3 * 8
-    # the filter index (4 int64 a triple) and a chunk's float scores and booleans against its
-    # half of the entities (full ranking is split over the gang)
-    assert m.validation == 4 * 8 * 101 + 5 * 256 * 500
+    # the filter index (4 int64 a triple, twice while built) and a chunk's float scores and
+    # booleans against its half of the entities (full ranking is split over the gang)
+    assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 500
     sampled = validating.model_copy(
         update={"evaluation": validating.evaluation.model_copy(update={"sampled": 100})}
     )
     m = rank_memory(sampled, num_entities=1000, num_relations=5, num_train=101, world=2)
-    assert m.validation == 4 * 8 * 101 + 5 * 256 * 1000  # rank 0 alone: every entity
+    assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 1000  # rank 0 alone: every entity
 
 
 def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None:

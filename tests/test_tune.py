@@ -239,17 +239,23 @@ def test_failing_trial_comes_back_as_data(tmp_path: Path) -> None:
 def test_a_search_whose_every_trial_fails_stops_and_says_why(tmp_path: Path) -> None:
     """Data no trial can read fails every trial at once: the search stops after
     ``max_failures`` of them in a row (not thousands, as it once did on a GPU machine) and
-    names the error; the failed trials stay in the study."""
+    names the error; the failed trials stay in the study. A search whose budget ends with as
+    many failures ends as any search does."""
     from kgpipe.tune.study import run_study
 
     base = base_config(data={"dataset": None, "train": str(tmp_path / "missing.tsv")})
     settings = TuneSettings(root=str(tmp_path), name="s", trials=30, workers=1, max_failures=3)
     folder = prepare_study(base, SearchSpace.from_yaml(SPACE), settings)
-    with pytest.raises(SearchStopped, match=r"after 3 trials in a row failed \(the last: .*"
+    with pytest.raises(SearchStopped, match=r"because 3 trials in a row failed \(the last: .*"
                        r"missing\.tsv: file not found\)"):  # fmt: skip
         run_study(folder)
     states = [t.state.name for t in load_optuna_study(folder).get_trials()]
     assert states == ["FAIL"] * 3
+    spent = prepare_study(
+        base, SearchSpace.from_yaml(SPACE), settings.model_copy(update={"name": "t", "trials": 3})
+    )
+    run_study(spent)  # its budget, not the failures, ended it
+    assert [t.state.name for t in load_optuna_study(spent).get_trials()] == ["FAIL"] * 3
 
 
 @pytest.mark.slow

@@ -155,8 +155,8 @@ def build_trainer(
     if config.evaluation.every and (records or split):
         index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
         tick = governor.tick if governor is not None else None
-        part = (rank, world_size) if split else (0, 1)
-        ordered.append(Validation(model, data.valid, index, config, tick=tick, part=part))
+        valid_part = (rank, world_size) if split else (0, 1)
+        ordered.append(Validation(model, data.valid, index, config, tick=tick, part=valid_part))
     if records:
         c = config.checkpoint
         saver = CheckpointCallback(

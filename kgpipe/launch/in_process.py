@@ -57,6 +57,7 @@ class InProcessLauncher:
         if built is None or not committed or committed[-1].epoch != built.trainer.epoch:
             latest = self.checkpoints.resume_point()
             built = self._build(latest[1] if latest else None, until)
+            del latest  # copied into the tables and the optimiser: no second copy in training
         assert built.saver is not None
         built.saver.until = until
         trainer = built.trainer

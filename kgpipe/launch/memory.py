@@ -13,10 +13,10 @@ the replicated strategy every rank holds:
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
 * the staged training triples (3 int64 ids each) and the epoch's order: all of them under step
   sync (every rank draws the global batch), its shards under epoch sync, plus all of them
-  where it validates (the filter needs every known triple);
+  on rank 0 and where it validates (the filter needs every known triple);
 * where it validates (full ranking is split over every rank of a gang; a sampled validation
-  runs on rank 0): the filter index, 4 int64 per known triple, and a chunk's scores against
-  its candidates with a comparison's booleans;
+  runs on rank 0): the filter index, 4 int64 per known triple (twice that while it is built),
+  and a chunk's scores against its candidates with a comparison's booleans;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   the scores against every entity and their gradient (``2 b entities`` floats).
@@ -99,9 +99,8 @@ def rank_memory(
     validates = bool(config.evaluation.every)  # rank 0 does (any worker may hold rank 0)
     if step_sync:
         triples = num_train * (3 * 8 + 8)
-    else:  # its shards, and every triple where it validates
-        triples = -(-num_train // max(1, world)) * (3 * 8 + 8)
-        triples += num_train * 3 * 8 if validates else 0
+    else:  # its shards, and every triple on rank 0 (and where it validates)
+        triples = -(-num_train // max(1, world)) * (3 * 8 + 8) + num_train * 3 * 8
     t = config.training
     batch = -(-t.batch_size // max(1, world))
     if t.mode == "negative_sampling":
@@ -120,13 +119,13 @@ def rank_memory(
 
 
 def _validation(config: RunConfig, num_entities: int, num_train: int, world: int) -> int:
-    """The filter index (4 int64 per known triple) and a chunk's scores: float32 against the
-    rank's candidates and the boolean of a comparison (the rank's range of entities when a
-    gang splits full ranking, else all of them)."""
+    """The filter index (4 int64 per known triple, twice that while it is built) and a chunk's
+    scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
+    range of entities when a gang splits full ranking, else all of them)."""
     ev = config.evaluation
     split = world > 1 and ev.sampled is None
     candidates = -(-num_entities // world) if split else num_entities
-    return 4 * 8 * num_train + (4 + 1) * ev.batch_size * candidates
+    return 2 * 4 * 8 * num_train + (4 + 1) * ev.batch_size * candidates
 
 
 def check_gang_memory(

@@ -220,6 +220,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             fence=_driver_fence(spec.driver_pid),
         )
         trainer = built.trainer
+        del state  # copied into the tables and the optimiser: not a second copy while training
         try:
             trainer.fit(until=until)
         finally:

@@ -220,18 +220,38 @@ def _search(
         return study
     tracker = StudyTracker.open(folder, study, warn or say)
 
-    failures: list[str] = []  # the errors of the trials that failed in a row, latest last
+    # the errors of the trials that failed in a row (latest last), and of the sampled configs
+    # the config refused in a row (a space with many refused combinations is not broken: those
+    # stop the search only at 10x the limit)
+    failures: list[str] = []
+    refused: list[str] = []
+    stopped: list[str] = []  # why the search stopped sampling before its budget was spent
+
+    def broken() -> str | None:
+        if s.max_failures is None:
+            return None
+        if len(failures) >= s.max_failures:
+            return f"{len(failures)} trials in a row failed (the last: {failures[-1]})"
+        if len(refused) >= 10 * s.max_failures:
+            return f"the last {len(refused)} sampled configs were refused (the last: {refused[-1]})"
+        return None
 
     def budget_left() -> bool:
-        if s.max_failures is not None and len(failures) >= s.max_failures:
-            return False  # something every trial shares is broken: stop sampling
-        return _budget_left(study, s, deadline, len(running))
+        if not _budget_left(study, s, deadline, len(running)):
+            return False
+        why = broken()
+        if why is not None:  # something every trial shares is broken: stop sampling
+            stopped[:] = [why]
+            return False
+        return True
 
-    def count(outcome: TrialOutcome) -> None:
-        if outcome.state == "fail":
-            failures.append(outcome.error or "no error recorded")
-        else:
+    def count(outcome: TrialOutcome, *, sampled_config: bool = False) -> None:
+        if outcome.state != "fail":
             failures.clear()
+            refused.clear()
+        else:
+            first = (outcome.error or "no error recorded").splitlines()[0]
+            (refused if sampled_config else failures).append(first)
 
     def prepare(trial: Any) -> _Running | None:
         values = trial.user_attrs.get("values") or {}
@@ -251,7 +271,7 @@ def _search(
             error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
             outcome = TrialOutcome(trial.number, "fail", error=error)
             _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
-            count(outcome)
+            count(outcome, sampled_config=True)
             emit(
                 StudyEvent(
                     "finished", trial.number, values, outcome, study, _finished(study), s.trials
@@ -322,11 +342,10 @@ def _search(
                         run.trial.number, "fail", error=f"{type(err).__name__}: {err}"
                     )
                 finish(run, outcome)
-    if s.max_failures is not None and len(failures) >= s.max_failures:
-        last = failures[-1].splitlines()[0]
+    if stopped and broken() is not None:  # (a success after the stop clears it)
         raise SearchStopped(
-            f"study {folder.name}: the search stopped after {len(failures)} trials in a row "
-            f"failed (the last: {last}); the study is kept: fix the cause and resume it"
+            f"study {folder.name}: the search stopped because {broken()}; the study is kept: "
+            "fix the cause and resume it"
         )
     return study
 
