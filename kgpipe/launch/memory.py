@@ -77,7 +77,7 @@ class RankMemory:
             ("model averaging", self.averaging),
             ("training triples", self.triples),
             ("step buffers", self.step),
-            ("filter index", self.validation),
+            ("validation", self.validation),
         ]
         return ", ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
 
