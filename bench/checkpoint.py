@@ -116,7 +116,7 @@ class _Blocked:
     :meth:`CheckpointWriter.submit` and :meth:`CheckpointWriter.wait`."""
 
     def __init__(self) -> None:
-        from kgpipe.checkpoint import CheckpointWriter
+        from kgpipe.runs.callbacks import CheckpointWriter
 
         self.seconds = 0.0
         self.cls = CheckpointWriter

@@ -12,7 +12,9 @@ match their SHA-256. Incomplete or corrupt ones are skipped with a warning. Comm
 are never overwritten; retention removes a checkpoint manifest first, so a half-deleted
 checkpoint is an uncommitted one.
 
-Tensors are stored with safetensors (no pickle); everything else is JSON.
+A sharded run's ranks each write their shards' file, and rank 0 commits the manifest listing
+them all (:mod:`kgpipe.sharded_tensors`). Tensors are stored with safetensors (no pickle);
+everything else is JSON.
 """
 
 from __future__ import annotations
@@ -24,21 +26,21 @@ import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from safetensors import safe_open
 from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_file as st_save_file
 from torch import Tensor
 
-from kgpipe.errors import CheckpointError, KgpipeError
+from kgpipe.errors import CheckpointError
+from kgpipe.sharded_tensors import SHARD_PREFIX, assemble_shards
 from kgpipe.storage import Store, file_sha256
 
 __all__ = [
     "Checkpoint",
     "CheckpointStore",
-    "CheckpointWriter",
     "TrainState",
 ]
 
@@ -131,47 +133,54 @@ class CheckpointStore:
         name = f"state-{uuid.uuid4().hex[:12]}.safetensors"
         if self.fence is not None:  # a writer that may not commit touches nothing
             self.fence()
-        self._discard_uncommitted(folder)  # what a killed or failed earlier try left there
+        self.discard_uncommitted(state.epoch)  # what a killed or failed earlier try left there
         try:
-            return self._commit(state, meta, folder, name, tensors)
+            files = {name: self.write_file(state.epoch, name, tensors)}
+            return self.commit(state.epoch, state.global_step, state.history, files, meta)
         except BaseException:
             # a failed commit (a full disk, a lost store) leaves no file of its own behind to
             # hold the space that a resume will need -- and touches no one else's
             self._discard_own(folder, name)
             raise
 
-    def _commit(
-        self,
-        state: TrainState,
-        meta: dict[str, Any],
-        folder: str,
-        name: str,
-        tensors: dict[str, Tensor],
-    ) -> Checkpoint:
-        manifest_rel = f"{folder}/manifest.json"
-        metadata = {"format": FORMAT, "epoch": str(state.epoch)}
-        # streamed from the tensors to a file (no copy of the state in memory), then hashed
+    def write_file(self, epoch: int, name: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
+        """Write one file of epoch ``epoch``'s checkpoint (not committed); returns its manifest
+        entry. Streamed from the tensors to a file (no copy in memory), then hashed."""
+        metadata = {"format": FORMAT, "epoch": str(epoch)}
         sha256, size = self.store.write_produced(
-            f"{folder}/{name}",
+            f"{_dir(epoch)}/{name}",
             lambda path: st_save_file(tensors, path, metadata=metadata),
             size=sum(t.numel() * t.element_size() for t in tensors.values()),
         )
+        return {"sha256": sha256, "bytes": size}
+
+    def commit(
+        self,
+        epoch: int,
+        global_step: int,
+        history: list[dict[str, Any]],
+        files: dict[str, dict[str, Any]],
+        meta: dict[str, Any],
+    ) -> Checkpoint:
+        """Commit epoch ``epoch`` with its written ``files``: the manifest, written last (and
+        checked once more for a racing writer)."""
+        folder = _dir(epoch)
+        manifest_rel = f"{folder}/manifest.json"
         manifest = {
             "format": FORMAT,
-            "epoch": state.epoch,
-            "global_step": state.global_step,
-            "files": {name: {"sha256": sha256, "bytes": size}},
-            "history": state.history,
+            "epoch": epoch,
+            "global_step": global_step,
+            "files": files,
+            "history": history,
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             **meta,
         }
-        # the commit: the manifest is written last (and checked once more for a racing writer)
         if self.fence is not None:
             self.fence()
         if self.store.exists(manifest_rel):
             raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed concurrently")
         self.store.write_json(manifest_rel, manifest)
-        return Checkpoint(self.store.url_of(folder), state.epoch, manifest)
+        return Checkpoint(self.store.url_of(folder), epoch, manifest)
 
     def _discard_own(self, folder: str, name: str) -> None:
         try:
@@ -181,7 +190,9 @@ class CheckpointStore:
         except Exception as err:  # best effort: the commit's own error is the one to report
             log.warning("%s: could not remove the uncommitted file %s: %s", folder, name, err)
 
-    def _discard_uncommitted(self, folder: str) -> None:
+    def discard_uncommitted(self, epoch: int) -> None:
+        """Remove what a killed or failed earlier try at ``epoch`` left (before writing it)."""
+        folder = _dir(epoch)
         try:
             if not self.store.exists(f"{folder}/manifest.json"):
                 self.store.remove(folder)
@@ -284,22 +295,31 @@ class CheckpointStore:
             return self._state(ckpt, paths)
 
     def _state(self, ckpt: Checkpoint, paths: dict[str, str]) -> TrainState:
-        tables: dict[str, Tensor] = {}
-        optim: dict[str, Tensor] = {}
-        rng = None
+        tensors: dict[str, Tensor] = {}
         for path in paths.values():
             # read straight into the tensors (one copy of the state, as loading bytes was three)
-            for k, v in st_load_file(path, backend="pread").items():
-                kind, _, name = k.partition(".")
-                if kind == "table":
-                    tables[name] = v
-                elif kind == "optim":
-                    optim[name] = v
-                elif k == "rng.torch":
-                    rng = v
-        return TrainState(
-            ckpt.epoch, ckpt.global_step, tables, optim, list(ckpt.manifest["history"]), rng
-        )
+            tensors.update(st_load_file(path, backend="pread"))
+        if any(k.startswith(SHARD_PREFIX) for k in tensors):
+            tensors = assemble_shards(tensors)
+        return _state_of(ckpt, tensors)
+
+    def load_selected(
+        self, ckpt: Checkpoint, keep: Callable[[str], bool]
+    ) -> tuple[TrainState, dict[str, Tensor]]:
+        """The state of ``ckpt`` read from its verified files, with only the tensors whose
+        name ``keep`` accepts; the shard tensors among them come apart (a rank of a sharded
+        gang reads its own shards)."""
+        with self._verified(ckpt) as paths:
+            if paths is None:
+                raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
+            tensors: dict[str, Tensor] = {}
+            for path in paths.values():
+                with safe_open(path, framework="pt") as f:
+                    for k in f.keys():  # noqa: SIM118 -- safe_open has no __iter__
+                        if keep(k):
+                            tensors[k] = f.get_tensor(k)
+            shards = {k: v for k, v in tensors.items() if k.startswith(SHARD_PREFIX)}
+            return _state_of(ckpt, tensors), shards
 
     # -- retention -------------------------------------------------------------------------------
     def prune(self) -> list[int]:
@@ -327,48 +347,18 @@ class CheckpointStore:
         return _best(self.committed())
 
 
+def _state_of(ckpt: Checkpoint, tensors: dict[str, Tensor]) -> TrainState:
+    """The state in a checkpoint's ``table.*``, ``optim.*`` and ``rng.torch`` tensors."""
+    parts: dict[str, dict[str, Tensor]] = {"table": {}, "optim": {}}
+    for k, v in tensors.items():
+        kind, _, name = k.partition(".")
+        if kind in parts:
+            parts[kind][name] = v
+    history = list(ckpt.manifest["history"])
+    rng = tensors.get("rng.torch")
+    return TrainState(ckpt.epoch, ckpt.global_step, parts["table"], parts["optim"], history, rng)
+
+
 def _best(committed: list[Checkpoint]) -> Checkpoint | None:
     scored = [c for c in committed if c.valid_mrr is not None]
     return max(scored, key=lambda c: (c.valid_mrr, -c.epoch)) if scored else None
-
-
-class CheckpointWriter:
-    """Commits checkpoints, in a background thread when asked, one at a time.
-
-    :meth:`submit` copies the state and returns at once (background) or after the commit. A
-    second submit waits for the first upload, so at most one snapshot is held. Errors of a
-    background commit are raised by the next :meth:`submit` or by :meth:`wait`.
-    """
-
-    def __init__(self, checkpoints: CheckpointStore, *, background: bool = True) -> None:
-        self.checkpoints = checkpoints
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kgpipe-ckpt") if background else None
-        self._pending: Future[Checkpoint] | None = None
-
-    def _commit(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
-        ckpt = self.checkpoints.save(state, meta)
-        try:
-            self.checkpoints.prune()
-        except KgpipeError as err:  # retention is housekeeping: never fail training for it
-            log.warning("checkpoint retention: %s", err)
-        return ckpt
-
-    def submit(self, state: TrainState, meta: dict[str, Any]) -> None:
-        self.wait()
-        if self._pool is None:
-            self._commit(state, meta)
-        else:
-            self._pending = self._pool.submit(self._commit, state.snapshot(), meta)
-
-    def wait(self) -> None:
-        """Block until the pending commit is done; re-raise its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)

@@ -33,7 +33,15 @@ from torch import Tensor
 
 from kgpipe.models.model import KGEModel
 
-__all__ = ["FilterIndex", "ProgressFn", "evaluate", "rank_metrics", "realistic_ranks"]
+__all__ = [
+    "FilterIndex",
+    "ProgressFn",
+    "evaluate",
+    "rank_metrics",
+    "realistic_ranks",
+    "split_block_ranks",
+    "summarise",
+]
 
 HITS_AT = (1, 3, 10)
 
@@ -153,13 +161,18 @@ def evaluate(
             done += int(chunk.shape[0])
             if progress is not None:
                 progress(done, total)
+    return summarise(ranks, n, "all" if sample is None else f"sampled-{int(sample.numel())}")
+
+
+def summarise(ranks: dict[str, list[Tensor]], triples: int, candidates: str) -> dict[str, Any]:
+    """The metrics of each side's ranks and of both together (what :func:`evaluate` returns)."""
     head = torch.cat(ranks["head"]) if ranks["head"] else torch.zeros(0)
     tail = torch.cat(ranks["tail"]) if ranks["tail"] else torch.zeros(0)
     out: dict[str, Any] = rank_metrics(torch.cat((head, tail)))
     out["head"] = rank_metrics(head)
     out["tail"] = rank_metrics(tail)
-    out["triples"] = n
-    out["candidates"] = "all" if sample is None else f"sampled-{int(sample.numel())}"
+    out["triples"] = triples
+    out["candidates"] = candidates
     return out
 
 
@@ -187,8 +200,6 @@ def _split_ranks(
     model: KGEModel, side: str, chunk: Tensor, index: FilterIndex, part: tuple[int, int]
 ) -> Tensor:
     """This chunk's realistic ranks, each rank of the gang scoring its range of entities."""
-    import torch.distributed as dist
-
     rank, world = part
     n = model.spec.num_entities
     lo, hi = n * rank // world, n * (rank + 1) // world
@@ -201,17 +212,36 @@ def _split_ranks(
         block = model.score_all_tails(h.to(dev), r.to(dev), slice(lo, hi))
     else:
         block = model.score_all_heads(r.to(dev), t.to(dev), slice(lo, hi))
-    targets = targets.to(dev)
+    f_rows, f_cols = index.answers(side, anchors, r)
+
+    def locate(ids: Tensor) -> tuple[Tensor, Tensor]:
+        return (ids >= lo) & (ids < hi), ids - lo
+
+    return split_block_ranks(block, targets.to(dev), f_rows.to(dev), f_cols.to(dev), locate)
+
+
+def split_block_ranks(
+    block: Tensor,
+    targets: Tensor,
+    f_rows: Tensor,
+    f_cols: Tensor,
+    locate: Callable[[Tensor], tuple[Tensor, Tensor]],
+) -> Tensor:
+    """Realistic ranks from every rank's ``block`` of scores ``(b, its candidates)``: the
+    target's score comes from the rank holding it, the better and equal counts (after
+    filtering) are summed over the ranks. ``locate(ids)`` says which entity ids are this rank's
+    candidates and at which column. A collective: every rank calls it for the same queries."""
+    import torch.distributed as dist
+
+    dev = block.device
     rows = torch.arange(block.shape[0], device=dev)
-    own = (targets >= lo) & (targets < hi)
-    mine, cols = rows[own], targets[own] - lo
+    own, cols = locate(targets)
+    mine, cols = rows[own], cols[own]
     true = torch.zeros(block.shape[0], dtype=block.dtype, device=dev)
     true[mine] = block[mine, cols]  # the target's score, from the rank that has its entity
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
-    f_rows, f_cols = index.answers(side, anchors, r)
-    f_rows, f_cols = f_rows.to(dev), f_cols.to(dev)
-    keep = (f_cols >= lo) & (f_cols < hi)
-    block[f_rows[keep], f_cols[keep] - lo] = float("-inf")
+    keep, f_pos = locate(f_cols)
+    block[f_rows[keep], f_pos[keep]] = float("-inf")
     block[mine, cols] = float("-inf")
     col = true.unsqueeze(1)
     counts = torch.stack(((block > col).sum(1), (block == col).sum(1)))

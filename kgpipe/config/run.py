@@ -51,6 +51,21 @@ class RunConfig(Frozen):
         return self
 
     @model_validator(mode="after")
+    def _sharded(self) -> RunConfig:
+        if self.distributed.strategy == "sharded" and self.training.mode != "negative_sampling":
+            raise ValueError(
+                f"distributed.strategy=sharded trains with training.mode=negative_sampling, not "
+                f"{self.training.mode}: a {self.training.mode} step scores every entity, so "
+                "every rank would need the whole table"
+            )
+        if self.distributed.strategy == "sharded" and self.evaluation.sampled is not None:
+            raise ValueError(
+                "evaluation.sampled is not available under distributed.strategy=sharded: a "
+                "sharded gang validates by full ranking, each rank against its own entities"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _precision(self) -> RunConfig:
         if self.training.precision == "bf16" and not INTERACTIONS.get(self.model.name).bilinear:
             bilinear = " and ".join(n for n in INTERACTIONS if INTERACTIONS.get(n).bilinear)

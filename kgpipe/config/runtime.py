@@ -54,6 +54,22 @@ class DistributedConfig(Frozen):
     shards: int = Field(
         default=16, ge=1, description="Training shards written to the run folder (any world size)."
     )
+    strategy: Literal["replicated", "sharded"] = Field(
+        default="replicated",
+        description=(
+            "replicated: every rank holds the whole model. sharded: each rank holds its shards "
+            "of the entity table and their optimiser state (capacity grows with the workers); "
+            "rows are fetched from their owners every step. Needs sync=step."
+        ),
+    )
+    entity_shards: int = Field(
+        default=16,
+        ge=1,
+        description=(
+            "Shards of the entity table under strategy=sharded (at least the workers; a sharded "
+            "checkpoint resumes on any number of workers up to this)."
+        ),
+    )
     timeout_s: float = Field(
         default=300.0, gt=0.0, description="Collective/rendezvous timeout of the gang in seconds."
     )
@@ -115,6 +131,18 @@ class DistributedConfig(Frozen):
         if self.compression == "topk" and self.sync == "epoch":
             # rows left out would keep rank-local values and the ranks would drift apart
             raise ValueError("distributed.compression=topk works with sync=step only")
+        if self.strategy == "sharded":
+            if self.sync != "step":
+                raise ValueError("distributed.strategy=sharded works with sync=step only")
+            if self.compression != "none":
+                raise ValueError(
+                    "distributed.strategy=sharded does not compress (compression: none)"
+                )
+            if self.entity_shards < self.workers:
+                raise ValueError(
+                    f"distributed.entity_shards ({self.entity_shards}) must be at least "
+                    f"distributed.workers ({self.workers}): each worker owns whole shards"
+                )
         return self
 
 

@@ -15,6 +15,7 @@ assembled the same way wherever it runs. The order of callbacks is fixed here:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -22,10 +23,13 @@ import torch
 
 from kgpipe.checkpoint import TrainState
 from kgpipe.config import RunConfig, TrainingConfig
+from kgpipe.distributed.sharded import ShardedExchange
+from kgpipe.distributed.sharded_eval import evaluate_sharded
 from kgpipe.evaluation import FilterIndex
 from kgpipe.process import ThreadGovernor
 from kgpipe.runs.callbacks import CheckpointCallback, Validation
 from kgpipe.runs.folder import RunFolder, StagedData
+from kgpipe.runs.sharded import ShardedCommit
 from kgpipe.training.exchange import Exchange
 from kgpipe.training.hooks import Callback, RankView, TrainerView
 from kgpipe.training.loop import Trainer
@@ -131,7 +135,8 @@ def build_trainer(
     recorded with every epoch; ``fence`` raises when commits must stop (a gang's driver is
     gone)."""
     config = run.config
-    model = run.new_model().to(device)
+    sharded = exchange if isinstance(exchange, ShardedExchange) else None
+    model = run.new_model(rows=sharded.own.cpu() if sharded else None).to(device)
     trainer = Trainer(
         model,
         data.train if train is None else train,
@@ -156,8 +161,26 @@ def build_trainer(
         index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
         tick = governor.tick if governor is not None else None
         valid_part = (rank, world_size) if split else (0, 1)
-        ordered.append(Validation(model, data.valid, index, config, tick=tick, part=valid_part))
-    if records:
+        evaluator = None
+        if sharded is not None:
+            evaluator = functools.partial(evaluate_sharded, model, sharded)
+        ordered.append(
+            Validation(
+                model, data.valid, index, config, tick=tick, part=valid_part, evaluator=evaluator
+            )
+        )
+    if sharded is not None:  # every rank writes its shards; rank 0 commits
+        ordered.append(
+            ShardedCommit(
+                run.checkpoints(fence=fence if records else None),
+                trainer.state,
+                sharded,
+                every=config.checkpoint.every,
+                until=until,
+                meta=run.manifest_meta(world_size),
+            )
+        )
+    elif records:
         c = config.checkpoint
         saver = CheckpointCallback(
             run.checkpoints(fence=fence),

@@ -24,10 +24,12 @@ from kgpipe.config import parse_config
 from kgpipe.data.shards import read_manifest, read_shards
 from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
+from kgpipe.distributed.sharded import ShardedExchange, ShardMap
 from kgpipe.errors import CheckpointError, Fenced
 from kgpipe.launch.build import build_trainer, splits_validation
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import RunFolder
+from kgpipe.runs.sharded import load_rank_state
 from kgpipe.training.exchange import Exchange
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
@@ -183,6 +185,15 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         if spec.world_size == 1:
             exchange = Exchange()  # a gang of one has nothing to exchange
             part, stream = (0, 1), 0
+        elif step_sync and dcfg.strategy == "sharded":
+            shard_map = ShardMap.build(
+                run.num_entities,
+                shards=dcfg.entity_shards,
+                world_size=spec.world_size,
+                seed=config.run.seed,
+            )
+            exchange = ShardedExchange(comm, shard_map, spec.rank)
+            part, stream = (spec.rank, spec.world_size), 0
         elif step_sync:
             exchange = StepExchange(comm, mode=dcfg.exchange)
             part, stream = (spec.rank, spec.world_size), 0
@@ -197,7 +208,10 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             committed = {c.epoch: c for c in ckpt.committed()}
             if spec.start_epoch not in committed:
                 raise CheckpointError(f"{run.url}: no checkpoint of epoch {spec.start_epoch}")
-            state = ckpt.load(committed[spec.start_epoch])
+            if isinstance(exchange, ShardedExchange):  # this rank's shards only
+                state = load_rank_state(ckpt, committed[spec.start_epoch], exchange)
+            else:
+                state = ckpt.load(committed[spec.start_epoch])
         until = spec.until or t.epochs
         built = build_trainer(
             run,

@@ -15,7 +15,26 @@ from kgpipe.config import ModelConfig
 from kgpipe.models.interactions import INTERACTIONS, Interaction
 from kgpipe.models.spec import ModelSpec
 
-__all__ = ["KGEModel", "spec_from_config"]
+__all__ = ["INIT_BLOCK", "KGEModel", "spec_from_config"]
+
+#: rows per block of the entity table's initial draw (a multiple of 16: torch's normal draw
+#: fills 16 values at a time, so blocks draw exactly what one call on the table would)
+INIT_BLOCK = 1 << 16
+
+
+def _draw(
+    out: Tensor, init: str, scale: float, shape: tuple[int, ...], gen: torch.Generator
+) -> None:
+    """Fill ``out`` by ``init`` for a table of ``shape`` (xavier's bound is the table's)."""
+    if init == "normal":
+        out.normal_(0.0, scale, generator=gen)
+    elif init == "uniform":
+        out.uniform_(-scale, scale, generator=gen)
+    elif init == "xavier":
+        bound = math.sqrt(6.0 / (shape[0] + shape[1]))
+        out.uniform_(-bound, bound, generator=gen)
+    else:
+        raise ValueError(f"unknown init {init!r}")
 
 
 def spec_from_config(cfg: ModelConfig, *, num_entities: int, num_relations: int) -> ModelSpec:
@@ -35,11 +54,14 @@ def spec_from_config(cfg: ModelConfig, *, num_entities: int, num_relations: int)
 class KGEModel(nn.Module):
     """Entity and relation embedding tables scored by a stateless :class:`Interaction`."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, *, rows: Tensor | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.interaction: Interaction = INTERACTIONS.get(spec.name)(p=spec.p, margin=spec.margin)
-        self.entity = nn.Parameter(torch.zeros(spec.num_entities, spec.dim), requires_grad=False)
+        #: the entity ids whose rows this model holds (ascending), or None: all of them
+        self.rows = rows
+        held = spec.num_entities if rows is None else int(rows.numel())
+        self.entity = nn.Parameter(torch.zeros(held, spec.dim), requires_grad=False)
         self.relation = nn.Parameter(
             torch.zeros(spec.relation_rows, self.interaction.relation_dim(spec.dim)),
             requires_grad=False,
@@ -48,30 +70,52 @@ class KGEModel(nn.Module):
     # -- construction -------------------------------------------------------------------------
     @classmethod
     def build(
-        cls, cfg: ModelConfig, *, num_entities: int, num_relations: int, seed: int
+        cls,
+        cfg: ModelConfig,
+        *,
+        num_entities: int,
+        num_relations: int,
+        seed: int,
+        rows: Tensor | None = None,
     ) -> KGEModel:
-        """A freshly initialised model; the draw depends only on ``seed``."""
-        model = cls(spec_from_config(cfg, num_entities=num_entities, num_relations=num_relations))
+        """A freshly initialised model; the draw depends only on ``seed``. With ``rows`` (the
+        ascending entity ids of a shard set) it holds only those rows of the entity table, with
+        the values the whole table would give them."""
+        spec = spec_from_config(cfg, num_entities=num_entities, num_relations=num_relations)
+        model = cls(spec, rows=rows)
         gen = torch.Generator().manual_seed(seed)
         model.reset_parameters(init=cfg.init, scale=cfg.init_scale, generator=gen)
         return model
 
     @torch.no_grad()
     def reset_parameters(self, *, init: str, scale: float, generator: torch.Generator) -> None:
-        for table in (self.entity, self.relation):
-            if table is self.relation and self.interaction.phase_relations:
-                table.uniform_(-math.pi, math.pi, generator=generator)
-            elif init == "normal":
-                table.normal_(0.0, scale, generator=generator)
-            elif init == "uniform":
-                table.uniform_(-scale, scale, generator=generator)
-            elif init == "xavier":
-                bound = math.sqrt(6.0 / (table.shape[0] + table.shape[1]))
-                table.uniform_(-bound, bound, generator=generator)
-            else:
-                raise ValueError(f"unknown init {init!r}")
+        """Draw the entity table, then the relation table, from ``generator``. The entity table
+        is drawn in blocks of :data:`INIT_BLOCK` rows (the same values as one draw of the whole
+        table): a model holding some rows keeps its own of each block, never the whole table."""
+        full = (self.spec.num_entities, self.spec.dim)
+        rows = self.rows
+        for start in range(0, full[0], INIT_BLOCK):
+            stop = min(start + INIT_BLOCK, full[0])
+            if rows is None:
+                _draw(self.entity[start:stop], init, scale, full, generator)
+                continue
+            block = torch.empty(stop - start, full[1])
+            _draw(block, init, scale, full, generator)
+            lo, hi = torch.searchsorted(rows, torch.tensor([start, stop]))
+            self.entity[lo:hi] = block[rows[lo:hi] - start]
+        if self.interaction.phase_relations:
+            self.relation.uniform_(-math.pi, math.pi, generator=generator)
+        else:
+            _draw(self.relation, init, scale, tuple(self.relation.shape), generator)
 
     # -- scoring ------------------------------------------------------------------------------
+    def _whole(self) -> None:
+        if self.rows is not None:
+            raise RuntimeError(
+                "this model holds a shard set of the entity table: score with the sharded "
+                "evaluator (kgpipe.distributed.sharded_eval)"
+            )
+
     def inverse(self, r: Tensor) -> Tensor:
         """Ids of the inverse relations (reciprocal models only)."""
         return r + self.spec.num_relations
@@ -79,6 +123,7 @@ class KGEModel(nn.Module):
     @torch.no_grad()
     def score_triples(self, triples: Tensor) -> Tensor:
         """Scores ``(n,)`` of ``(head, relation, tail)`` id triples ``(n, 3)``."""
+        self._whole()
         h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
         e, rel = self.entity, self.relation
         return self.interaction.score(e[h], rel[r], e[t])
@@ -87,6 +132,7 @@ class KGEModel(nn.Module):
     def score_all_tails(self, h: Tensor, r: Tensor, candidates: slice | None = None) -> Tensor:
         """Scores ``(b, num_entities)`` of queries ``(h, r, ?)`` against every entity, or
         ``(b, len)`` against the entities of the id range ``candidates``."""
+        self._whole()
         table = self.entity if candidates is None else self.entity[candidates]
         return self.interaction.score_tails(self.entity[h], self.relation[r], table)
 
@@ -94,6 +140,7 @@ class KGEModel(nn.Module):
     def score_all_heads(self, r: Tensor, t: Tensor, candidates: slice | None = None) -> Tensor:
         """Scores ``(b, num_entities)`` of queries ``(?, r, t)`` against every entity, or
         ``(b, len)`` against the entities of the id range ``candidates``."""
+        self._whole()
         if self.spec.reciprocal:
             return self.score_all_tails(t, self.inverse(r), candidates)
         table = self.entity if candidates is None else self.entity[candidates]

@@ -10,14 +10,17 @@ metrics and progress that report the epoch.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from torch import Tensor
 
-from kgpipe.checkpoint import CheckpointStore, CheckpointWriter, TrainState
+from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState
 from kgpipe.config import RunConfig
+from kgpipe.errors import KgpipeError
 from kgpipe.evaluation import FilterIndex, evaluate
 from kgpipe.models.model import KGEModel
 from kgpipe.runs.folder import METRICS
@@ -26,7 +29,9 @@ from kgpipe.storage import Store
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
-__all__ = ["CheckpointCallback", "MetricsWriter", "Validation"]
+__all__ = ["CheckpointCallback", "CheckpointWriter", "MetricsWriter", "Validation"]
+
+log = logging.getLogger("kgpipe.checkpoint")
 
 
 class MetricsWriter(Callback):
@@ -50,7 +55,8 @@ class Validation(Callback):
 
     ``tick`` is called between evaluation chunks (the thread governor's, so that a long
     validation adapts to a neighbour too). ``part``: ``(rank, world)`` when every rank of a
-    gang validates, each scoring its range of entities (:func:`~kgpipe.evaluation.evaluate`)."""
+    gang validates, each scoring its range of entities (:func:`~kgpipe.evaluation.evaluate`).
+    ``evaluator`` replaces that function (same keywords; a sharded gang's scores its shards)."""
 
     def __init__(
         self,
@@ -61,9 +67,11 @@ class Validation(Callback):
         *,
         tick: Callable[[], None] | None = None,
         part: tuple[int, int] = (0, 1),
+        evaluator: Callable[..., dict[str, Any]] | None = None,
     ) -> None:
         self.model = model
         self.part = part
+        self.evaluator = evaluator
         self.valid = valid
         self.index = index
         self.cfg = config.evaluation
@@ -77,15 +85,21 @@ class Validation(Callback):
             return
         t0 = time.perf_counter()
         tick = self.tick
-        m = evaluate(
-            self.model,
-            self.valid,
-            self.index,
-            batch_size=self.cfg.batch_size,
-            sampled=self.cfg.sampled,
-            progress=(lambda _done, _total: tick()) if tick is not None else None,
-            part=self.part,
-        )
+        progress = (lambda _done, _total: tick()) if tick is not None else None
+        if self.evaluator is not None:
+            m = self.evaluator(
+                self.valid, self.index, batch_size=self.cfg.batch_size, progress=progress
+            )
+        else:
+            m = evaluate(
+                self.model,
+                self.valid,
+                self.index,
+                batch_size=self.cfg.batch_size,
+                sampled=self.cfg.sampled,
+                progress=progress,
+                part=self.part,
+            )
         keys = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
         stats.extra.update({f"valid_{k}": m[k] for k in keys})
         stats.extra["valid_candidates"] = m["candidates"]
@@ -128,3 +142,45 @@ class CheckpointCallback(Callback):
 
     def close(self) -> None:
         self.writer.close()
+
+
+class CheckpointWriter:
+    """Commits checkpoints, in a background thread when asked, one at a time.
+
+    :meth:`submit` copies the state and returns at once (background) or after the commit. A
+    second submit waits for the first upload, so at most one snapshot is held. Errors of a
+    background commit are raised by the next :meth:`submit` or by :meth:`wait`.
+    """
+
+    def __init__(self, checkpoints: CheckpointStore, *, background: bool = True) -> None:
+        self.checkpoints = checkpoints
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kgpipe-ckpt") if background else None
+        self._pending: Future[Checkpoint] | None = None
+
+    def _commit(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
+        ckpt = self.checkpoints.save(state, meta)
+        try:
+            self.checkpoints.prune()
+        except KgpipeError as err:  # retention is housekeeping: never fail training for it
+            log.warning("checkpoint retention: %s", err)
+        return ckpt
+
+    def submit(self, state: TrainState, meta: dict[str, Any]) -> None:
+        self.wait()
+        if self._pool is None:
+            self._commit(state, meta)
+        else:
+            self._pending = self._pool.submit(self._commit, state.snapshot(), meta)
+
+    def wait(self) -> None:
+        """Block until the pending commit is done; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)

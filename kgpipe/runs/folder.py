@@ -131,13 +131,15 @@ class RunFolder:
     def retry(self) -> RetryPolicy:
         return retry_policy(self.config)
 
-    def new_model(self) -> KGEModel:
-        """The run's model as its seed initialises it (on the CPU)."""
+    def new_model(self, rows: torch.Tensor | None = None) -> KGEModel:
+        """The run's model as its seed initialises it (on the CPU); with ``rows``, only those
+        entity rows (a rank of a sharded gang)."""
         return KGEModel.build(
             self.config.model,
             num_entities=self.num_entities,
             num_relations=self.num_relations,
             seed=self.config.run.seed,
+            rows=rows,
         )
 
     def checkpoints(self, *, fence: Callable[[], None] | None = None) -> CheckpointStore:

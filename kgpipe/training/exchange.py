@@ -31,9 +31,22 @@ class Exchange:
     def bind(self, trainer: Trainable) -> None:
         """Called once by the trainer that uses this exchange."""
 
+    def pull(
+        self, strategy: Any, batch: Tensor, draws: Tensor | None
+    ) -> tuple[Tensor, Tensor | None]:
+        """Before a step: make the rows the step's share touches available to ``strategy``
+        (a sharded table fetches them from their owners); returns the batch and draws in the
+        ids the strategy then computes with (the identity when every rank holds every row)."""
+        return batch, draws
+
     def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
         """Combine the ranks' row gradients of one step (step-level synchronisation)."""
         return grads
+
+    def squared_norm(self, grads: dict[str, RowGrad]) -> float:
+        """The squared norm of the whole step's gradient (for clipping), from what
+        :meth:`step` returned."""
+        return sum(float(g.values.pow(2).sum()) for g in grads.values())
 
     def epoch_end(
         self, trainer: Trainable, loss_sum: float, queries: int, triples: int

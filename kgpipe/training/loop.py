@@ -40,11 +40,14 @@ from kgpipe.training.steps import STEPS, StepKit
 __all__ = ["Trainer", "clip_grad_norm"]
 
 
-def clip_grad_norm(grads: dict[str, RowGrad], max_norm: float | None) -> None:
-    """Scale all row gradients in place so that their global norm is at most ``max_norm``."""
+def clip_grad_norm(
+    grads: dict[str, RowGrad], max_norm: float | None, exchange: Exchange | None = None
+) -> None:
+    """Scale all row gradients in place so that their global norm is at most ``max_norm``
+    (the norm over every rank's rows when ``exchange`` shards the table)."""
     if max_norm is None:
         return
-    norm = math.sqrt(sum(float(g.values.pow(2).sum()) for g in grads.values()))
+    norm = math.sqrt((exchange or Exchange()).squared_norm(grads))
     if norm > max_norm:
         scale = max_norm / (norm + 1e-12)
         for g in grads.values():
@@ -115,7 +118,7 @@ class Trainer:
         kit = StepKit(
             interaction=inter,
             spec=model.spec,
-            tables=self.tables,
+            tables=dict(self.tables),  # its own dict: a sharded step swaps in fetched rows
             device=self.device,
             loss=loss,
             regularizer=self.regularizer,
@@ -200,11 +203,12 @@ class Trainer:
             batch = self.strategy.batch(perm[step * bs : (step + 1) * bs])
             b = int(batch.shape[0])
             draws = self.strategy.draw(b, gen)
+            batch, draws = self.exchange.pull(self.strategy, batch, draws)
             result = self.compute_gradients(
                 batch, draws, global_queries=self.strategy.global_queries(b), global_batch=b
             )
             grads = self.exchange.step(result.grads)
-            clip_grad_norm(grads, self.cfg.clip_grad_norm)
+            clip_grad_norm(grads, self.cfg.clip_grad_norm, self.exchange)
             lr = self.current_lr()
             self.optimizer.step(grads, lr=lr)
             self.global_step += 1

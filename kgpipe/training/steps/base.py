@@ -116,6 +116,15 @@ class StepStrategy(ABC):
         """Random draws of a global batch besides the permutation (shared negatives)."""
         return None
 
+    def touched(self, batch: Tensor, draws: Tensor | None) -> Tensor:
+        """Entity ids this part of the step may read (a sharded table fetches these rows).
+
+        Strategies that split by chunks narrow it to their part; this covers the whole batch."""
+        ids = [batch[..., 0].reshape(-1), batch[..., 2].reshape(-1)]
+        if draws is not None:
+            ids.append(draws.reshape(-1))
+        return torch.cat(ids)
+
     def my_part(self, batch: Tensor) -> Tensor:
         """This rank's rows of a global batch (strategies that split by rows)."""
         index, count = self.kit.part

@@ -9,6 +9,7 @@ are dealt to the ranks (chunk ``i`` to rank ``i mod W``).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import Tensor
@@ -56,6 +57,45 @@ class NegativeSampling(StepStrategy):
             weights[n:] = 0.0
         return batch.view(num_chunks, c, 3), weights
 
+    def _my_chunks(
+        self, batch: Tensor, negatives: Tensor
+    ) -> Iterator[tuple[str, Tensor, Tensor, Tensor, Tensor]]:
+        """This part's chunks of each side: ``(side, triples (nc, C, 3), weights (nc * C,),
+        negatives (nc, n), global chunk ids)`` -- chunk ``i`` of the global batch goes to part
+        ``i mod count``."""
+        c = self.chunk_size
+        n_tail = (batch.shape[0] + 1) // 2
+        sides = [("tail", batch[:n_tail]), ("head", batch[n_tail:])]
+        chunk_counts = [math.ceil(s.shape[0] / c) for _, s in sides]
+        assert sum(chunk_counts) == negatives.shape[0], "one negative set per chunk"
+        index, count = self.kit.part
+        chunk_off = 0
+        for (side, pos), n_chunks in zip(sides, chunk_counts, strict=True):
+            if not n_chunks:
+                continue
+            triples, weights = self._side_chunks(pos, n_chunks)
+            ids = torch.arange(n_chunks, device=self.kit.device)
+            mine = ids[(ids + chunk_off) % count == index]
+            chunk_ids = (chunk_off + mine).cpu()
+            chunk_neg = negatives[chunk_off + mine]
+            chunk_off += n_chunks
+            if not mine.numel():
+                continue
+            yield (
+                side,
+                triples[mine],
+                weights.view(n_chunks, c)[mine].reshape(-1),
+                chunk_neg,
+                chunk_ids,
+            )
+
+    def touched(self, batch: Tensor, draws: Tensor | None) -> Tensor:
+        assert draws is not None, "negative sampling needs the step's negatives"
+        ids = [batch.new_zeros(0)]
+        for _side, triples, _w, chunk_neg, _ids in self._my_chunks(batch, draws):
+            ids += [triples[..., 0].reshape(-1), triples[..., 2].reshape(-1), chunk_neg.reshape(-1)]
+        return torch.cat(ids)
+
     def gradients(
         self,
         batch: Tensor,
@@ -70,10 +110,6 @@ class NegativeSampling(StepStrategy):
         kit = self.kit
         inter, spec = kit.interaction, kit.spec
         c, n = self.chunk_size, negatives.shape[1]
-        n_tail = (batch.shape[0] + 1) // 2
-        sides = [("tail", batch[:n_tail]), ("head", batch[n_tail:])]
-        chunk_counts = [math.ceil(s.shape[0] / c) for _, s in sides]
-        assert sum(chunk_counts) == negatives.shape[0], "one negative set per chunk"
         ent_table, rel_table = kit.tables["entity"], kit.tables["relation"]
         widths = (ent_table.shape[1], rel_table.shape[1])
 
@@ -91,29 +127,14 @@ class NegativeSampling(StepStrategy):
         total = ent_table.new_zeros(())
         loss_sum = 0.0
         regularize = kit.regularizer.active
-        chunk_off = 0
-        index, count = kit.part
         queries = 0
-        for (side, pos), n_chunks in zip(sides, chunk_counts, strict=True):
-            if not n_chunks:
-                continue
-            triples, weights = self._side_chunks(pos, n_chunks)
-            # this part's chunks: global chunk ids congruent to the part index
-            ids = torch.arange(n_chunks, device=kit.device)
-            mine = ids[(ids + chunk_off) % count == index]
-            chunk_neg = negatives[chunk_off + mine]
-            chunk_ids = (chunk_off + mine).cpu()
-            chunk_off += n_chunks
-            nc = int(mine.numel())
-            if not nc:
-                continue
+        for side, triples, weights, chunk_neg, chunk_ids in self._my_chunks(batch, negatives):
+            nc = int(chunk_ids.numel())
             masks = (
                 kit.dropout.chunk_masks(global_step, chunk_ids, c, n, widths, kit.device)
                 if kit.dropout is not None
                 else None
             )
-            triples = triples[mine]
-            weights = weights.view(n_chunks, c)[mine].reshape(-1)
             queries += int(weights.sum())
             h = gather("entity", triples[..., 0], (nc, c))
             t = gather("entity", triples[..., 2], (nc, c))

@@ -1,0 +1,170 @@
+"""What a rank of a sharded gang does besides training: commit its shards, read them back.
+
+A commit (every ``checkpoint.every`` epochs and at the segment's end) is a collective:
+
+1. rank 0 checks it may still commit (the run folder's lease, the driver) and removes what an
+   earlier failed try at this epoch left;
+2. every rank writes one file with its shards' ids, rows and optimiser state (rank 0 adds the
+   replicated part: the relation table, its optimiser state, the step count, the RNG state);
+3. the ranks tell rank 0 their file's name, size and SHA-256 (computed from the written file);
+   rank 0 commits the manifest listing every file -- only when every rank wrote its file -- and
+   tells the ranks the outcome, so that a failed commit fails the whole gang at once (it is
+   relaunched from the last commit, as after any failed commit).
+
+The commit is synchronous (the files are written from the live tables between two steps): a
+background upload would have to copy the rows first, and the collectives cannot leave the
+training thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState
+from kgpipe.distributed.sharded import ShardedExchange
+from kgpipe.errors import CheckpointError, KgpipeError
+from kgpipe.sharded_tensors import SHARD_PREFIX, local_rows, split_shards
+from kgpipe.training.hooks import Callback, TrainerView
+from kgpipe.training.records import EpochStats
+
+__all__ = ["ShardedCommit", "load_rank_state"]
+
+
+class ShardedCommit(Callback):
+    """Runs on every rank of a sharded gang: each writes its shards, rank 0 commits."""
+
+    def __init__(
+        self,
+        checkpoints: CheckpointStore,
+        state: Callable[[Sequence[EpochStats]], TrainState],
+        exchange: ShardedExchange,
+        *,
+        every: int,
+        until: int,
+        meta: dict[str, Any],
+    ) -> None:
+        self.checkpoints = checkpoints
+        self.state = state
+        self.exchange = exchange
+        self.every = every
+        self.until = until
+        self.meta = meta
+        self.committed: Checkpoint | None = None
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        if stats.epoch % self.every and stats.epoch != self.until:
+            return
+        self.committed = self.commit(self.state([*trainer.history, stats]), stats)
+
+    def commit(self, state: TrainState, stats: EpochStats) -> Checkpoint | None:
+        ex, store = self.exchange, self.checkpoints
+        rank, world = ex.rank, ex.comm.world_size
+        outcome: list[Any] = [None]
+        if rank == 0:
+            try:
+                if store.fence is not None:
+                    store.fence()
+                store.discard_uncommitted(state.epoch)
+            except Exception as err:  # every rank stops with it
+                outcome[0] = _describe(err)
+        dist.broadcast_object_list(outcome, src=0)
+        if outcome[0] is not None:
+            raise CheckpointError(f"rank 0 may not commit epoch {state.epoch}: {outcome[0]}")
+        name = f"shards-r{rank:04d}-{uuid.uuid4().hex[:12]}.safetensors"
+        written: tuple[str, dict[str, Any] | None, str | None]
+        try:
+            tensors = self._tensors(state)
+            written = (name, store.write_file(state.epoch, name, tensors), None)
+            del tensors
+        except Exception as err:
+            written = (name, None, _describe(err))
+        every: list[Any] = [None] * world
+        dist.all_gather_object(every, written)
+        errors = [f"rank {r}: {e}" for r, (_, _, e) in enumerate(every) if e is not None]
+        ckpt = None
+        if rank == 0 and not errors:
+            try:
+                files = {n: info for n, info, _ in every}
+                meta = {
+                    **self.meta,
+                    "valid_mrr": stats.extra.get("valid_mrr"),
+                    "strategy": "sharded",
+                    "entity_shards": ex.map.shards,
+                }
+                ckpt = store.commit(state.epoch, state.global_step, state.history, files, meta)
+                with contextlib.suppress(KgpipeError):  # retention is housekeeping
+                    store.prune()
+            except Exception as err:
+                errors.append(f"rank 0: {_describe(err)}")
+        outcome = [errors]
+        dist.broadcast_object_list(outcome, src=0)
+        if outcome[0]:
+            raise CheckpointError(
+                f"the sharded checkpoint of epoch {state.epoch} was not committed: "
+                + "; ".join(outcome[0])
+            )
+        return ckpt
+
+    def _tensors(self, state: TrainState) -> dict[str, torch.Tensor]:
+        ex = self.exchange
+        own = ex.own.cpu()
+        local = {"table.entity": state.tables["entity"]}
+        local.update(
+            {f"optim.{k}": v for k, v in state.optimizer.items() if k.startswith("entity.")}
+        )
+        out = split_shards(
+            own,
+            ex.map.shard_of[own],
+            ex.map.shards_of(ex.rank),
+            {k: v.detach() for k, v in local.items()},
+        )
+        if ex.rank == 0:  # the replicated part, once
+            out["table.relation"] = state.tables["relation"].detach().cpu().contiguous()
+            for k, v in state.optimizer.items():
+                if not k.startswith("entity."):
+                    out[f"optim.{k}"] = v.detach().cpu().contiguous()
+            if state.rng is not None:
+                out["rng.torch"] = state.rng
+        return out
+
+
+def _describe(err: BaseException) -> str:
+    return str(err) if isinstance(err, KgpipeError) else f"{type(err).__name__}: {err}"
+
+
+def load_rank_state(
+    checkpoints: CheckpointStore, ckpt: Checkpoint, exchange: ShardedExchange
+) -> TrainState:
+    """This rank's part of checkpoint ``ckpt``: its own entity rows and their optimiser state,
+    and the replicated rest. A sharded checkpoint is read shard by shard (only this rank's,
+    whatever world size wrote it); a replicated one is read whole and sliced."""
+    mine = set(exchange.map.shards_of(exchange.rank))
+
+    def keep(key: str) -> bool:
+        if not key.startswith(SHARD_PREFIX):
+            return True
+        return int(key[len(SHARD_PREFIX) :].partition(".")[0]) in mine
+
+    saved = ckpt.manifest.get("entity_shards")
+    if saved is not None and int(saved) != exchange.map.shards:
+        raise CheckpointError(
+            f"{ckpt.url}: written with distributed.entity_shards={saved}, this run has "
+            f"{exchange.map.shards}"
+        )
+    state, shards = checkpoints.load_selected(ckpt, keep)
+    own = exchange.own.cpu()
+    if shards:
+        local = local_rows(shards, own)
+        state.tables["entity"] = local.pop("table.entity")
+        state.optimizer.update({k.removeprefix("optim."): v for k, v in local.items()})
+    else:
+        state.tables["entity"] = state.tables["entity"][own]
+        for k in [k for k in state.optimizer if k.startswith("entity.")]:
+            state.optimizer[k] = state.optimizer[k][own]
+    return state

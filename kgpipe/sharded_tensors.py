@@ -1,0 +1,87 @@
+"""How a sharded entity table is stored: one set of tensors per shard, any world size.
+
+A sharded checkpoint (``distributed.strategy: sharded``) holds, per shard ``s`` of the entity
+table, ``shard.<s>.ids`` (its entity ids, ascending), ``shard.<s>.table.entity`` (their rows) and
+``shard.<s>.optim.entity.<slot>`` (their optimiser state), in files written by the ranks that
+own the shards; the replicated part (the relation table, its optimiser state, the step count)
+is written once, under the usual names. A reader on one process assembles the whole table;
+a rank of a sharded gang reads only its own shards, whatever the world size that wrote them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["SHARD_PREFIX", "assemble_shards", "local_rows", "shard_key", "split_shards"]
+
+#: tensors of one shard of a sharded entity table: ``shard.<id>.<ids|table.entity|optim...>``
+SHARD_PREFIX = "shard."
+
+
+def shard_key(shard: int, name: str) -> str:
+    """The name of a shard's tensor in a sharded checkpoint: ``ids`` (its entity ids, ascending),
+    ``table.entity`` (their rows) or ``optim.entity.<slot>`` (their optimiser state)."""
+    return f"{SHARD_PREFIX}{shard:06d}.{name}"
+
+
+def assemble_shards(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The whole entity table and its optimiser state from a sharded checkpoint's shards (the
+    other tensors as they are): what a reader on one process, or a replicated run, needs."""
+    out = {k: v for k, v in tensors.items() if not k.startswith(SHARD_PREFIX)}
+    shards: dict[str, dict[str, Tensor]] = {}
+    for k, v in tensors.items():
+        if k.startswith(SHARD_PREFIX):
+            sid, _, name = k[len(SHARD_PREFIX) :].partition(".")
+            shards.setdefault(sid, {})[name] = v
+    num = sum(int(parts["ids"].numel()) for parts in shards.values())
+    for parts in shards.values():
+        ids = parts["ids"]
+        for name, v in parts.items():
+            if name == "ids":
+                continue
+            if name not in out:
+                out[name] = v.new_zeros((num, *v.shape[1:]))
+            out[name][ids] = v
+    return out
+
+
+def split_shards(
+    own: Tensor, shard_of_own: Tensor, shards: list[int], tensors: dict[str, Tensor]
+) -> dict[str, Tensor]:
+    """A rank's local ``tensors`` (rows in the order of its ascending entity ids ``own``; names
+    such as ``table.entity``) as the tensors of its ``shards`` (``shard_of_own``: the shard of
+    each of its rows)."""
+    out: dict[str, Tensor] = {}
+    for s in shards:
+        sel = (shard_of_own == s).nonzero().squeeze(1)
+        out[shard_key(s, "ids")] = own[sel].cpu()
+        for name, v in tensors.items():
+            out[shard_key(s, name)] = v.index_select(0, sel).cpu()
+    return out
+
+
+def local_rows(tensors: dict[str, Tensor], own: Tensor) -> dict[str, Tensor]:
+    """From the shard tensors of a checkpoint (at least those covering ``own``), the rows of the
+    ascending entity ids ``own``, by name (``table.entity``, ``optim.entity.exp_avg``, ...).
+
+    Whole tables (a replicated checkpoint's ``table.entity``...) are sliced the same way."""
+    out: dict[str, Tensor] = {}
+    pieces: dict[str, list[tuple[Tensor, Tensor]]] = {}
+    for k, v in tensors.items():
+        if not k.startswith(SHARD_PREFIX):
+            continue
+        sid, _, name = k[len(SHARD_PREFIX) :].partition(".")
+        if name != "ids":
+            pieces.setdefault(name, []).append((tensors[shard_key(int(sid), "ids")], v))
+    for name, parts in pieces.items():
+        ids = torch.cat([i for i, _ in parts])
+        values = torch.cat([v for _, v in parts])
+        order = torch.argsort(ids)
+        ids, values = ids[order], values[order]
+        if not torch.equal(ids, own.cpu()):
+            raise ValueError(
+                f"the checkpoint's shards do not hold exactly this rank's rows ({name})"
+            )
+        out[name] = values
+    return out
