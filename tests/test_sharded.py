@@ -9,23 +9,34 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from kgpipe.config import ModelConfig, parse_config
+from kgpipe.config import ModelConfig, RunConfig, parse_config
 from kgpipe.distributed.sharded import ShardMap, owned_positions
 from kgpipe.errors import ConfigError
 from kgpipe.models.model import KGEModel
 from kgpipe.pipeline import train
 from kgpipe.sharded_tensors import assemble_shards, local_rows, split_shards
 
-BASE = {"run": {"seed": 5}, "data": {"dataset": "umls"}, "evaluation": {"test": False}}
-TRAINING = {"epochs": 2, "batch_size": 512, "negatives": 32, "chunk_size": 64, "lr": 0.01}
+BASE: dict[str, Any] = {
+    "run": {"seed": 5},
+    "data": {"dataset": "umls"},
+    "evaluation": {"test": False},
+}
+TRAINING: dict[str, Any] = {
+    "epochs": 2,
+    "batch_size": 512,
+    "negatives": 32,
+    "chunk_size": 64,
+    "lr": 0.01,
+}
 
 
-def _config(tmp_path: Path, name: str, **sections: dict) -> object:
+def _config(tmp_path: Path, name: str, **sections: Any) -> RunConfig:
     data = {**BASE, **sections, "run": {**BASE["run"], "root": str(tmp_path), "name": name}}
     return parse_config(data)
 
@@ -61,7 +72,7 @@ def test_shards_are_balanced_seeded_and_independent_of_the_world_size() -> None:
 
 @pytest.mark.parametrize("init", ["normal", "uniform", "xavier"])
 def test_a_model_holding_some_rows_is_initialised_as_the_whole_table(init: str) -> None:
-    cfg = ModelConfig(name="rotate", dim=8, init=init)
+    cfg = ModelConfig(name="rotate", dim=8, init=init)  # type: ignore[arg-type]
     whole = KGEModel.build(cfg, num_entities=140_001, num_relations=5, seed=9)
     rows = ShardMap.build(140_001, shards=4, world_size=2, seed=9).owned(1)
     part = KGEModel.build(cfg, num_entities=140_001, num_relations=5, seed=9, rows=rows)
@@ -95,7 +106,7 @@ def test_shard_tensors_round_trip_to_the_whole_table_and_to_any_world_size() -> 
 
 def test_the_config_refuses_what_the_sharded_strategy_cannot_do(tmp_path: Path) -> None:
     sharded = {"workers": 2, "strategy": "sharded"}
-    cases = [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"distributed": {**sharded, "sync": "epoch"}}, "sync=step only"),
         ({"distributed": {**sharded, "compression": "int8"}}, "does not compress"),
         ({"distributed": {**sharded, "entity_shards": 1}}, "at least distributed.workers"),
