@@ -29,7 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import commit, hardware
 
 RESULTS = Path(__file__).resolve().parent / "results"
-KGPIPE = str(Path(sys.executable).with_name("kgpipe"))
 
 
 def _peak_rss() -> int:
@@ -63,6 +62,9 @@ def main() -> None:
         help="then, on fresh workers, resume the run for one more epoch (a resume's peak)",
     )
     p.add_argument("--tag", default="", help="suffix of the result file's name")
+    p.add_argument(
+        "--graph", default=None, help="keep the synthetic graph here (reused when it exists)"
+    )
     args = p.parse_args()
 
     from distributed import Client
@@ -73,14 +75,15 @@ def main() -> None:
     from kgpipe.pipeline import train
 
     with tempfile.TemporaryDirectory() as tmp:
-        graph = Path(tmp) / "graph"
+        graph = Path(args.graph) if args.graph else Path(tmp) / "graph"
         t0 = time.perf_counter()
-        subprocess.run(
-            [KGPIPE, "synth", str(graph), "--entities", str(args.entities), "--relations",
-             str(args.relations), "--edges", str(args.edges), "--valid", "0.001", "--test",
-             "0.001", "-q"],
-            check=True,
-        )  # fmt: skip
+        if not (graph / "train.tsv").exists():
+            subprocess.run(
+                [sys.executable, "-m", "kgpipe.cli", "synth", str(graph), "--entities",
+                 str(args.entities), "--relations", str(args.relations), "--edges",
+                 str(args.edges), "--valid", "0.001", "--test", "0.001", "-q"],
+                check=True,
+            )  # fmt: skip
         synth_s = time.perf_counter() - t0
         with open_cluster("local", workers=args.workers) as client:
             assert isinstance(client, Client)
@@ -137,7 +140,7 @@ def main() -> None:
         "hardware": hardware(),
         "commit": commit(),
         "command": " ".join(sys.argv),
-        "strategy": "replicated",
+        "strategy": config.distributed.strategy,
         "entities": n,
         "relations": r,
         "train_triples": triples,
@@ -163,7 +166,10 @@ def main() -> None:
         out["resume_one_more_epoch"] = resumed
     print(json.dumps(out, indent=1))
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"memory_replicated_{n}{'_' + args.tag if args.tag else ''}.json"
+    path = (
+        RESULTS
+        / f"memory_{config.distributed.strategy}_{n}{'_' + args.tag if args.tag else ''}.json"
+    )
     path.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {path}")
 

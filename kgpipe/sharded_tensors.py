@@ -49,23 +49,27 @@ def assemble_shards(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
 def split_shards(
     own: Tensor, shard_of_own: Tensor, shards: list[int], tensors: dict[str, Tensor]
 ) -> dict[str, Tensor]:
-    """A rank's local ``tensors`` (rows in the order of its ascending entity ids ``own``; names
-    such as ``table.entity``) as the tensors of its ``shards`` (``shard_of_own``: the shard of
-    each of its rows)."""
+    """A rank's local ``tensors`` (rows in the order of its entity ids ``own``: its ``shards``
+    one after the other, ``shard_of_own`` the shard of each row; names such as
+    ``table.entity``) as the tensors of each shard: views of contiguous row blocks, no copy
+    (on a GPU, a copy to the host)."""
     out: dict[str, Tensor] = {}
+    start = 0
     for s in shards:
-        sel = (shard_of_own == s).nonzero().squeeze(1)
-        out[shard_key(s, "ids")] = own[sel].cpu()
+        size = int((shard_of_own == s).sum())
+        block = slice(start, start + size)
+        if size and not bool((shard_of_own[block] == s).all()):
+            raise ValueError("the local table does not hold its shards as contiguous blocks")
+        out[shard_key(s, "ids")] = own[block].cpu()
         for name, v in tensors.items():
-            out[shard_key(s, name)] = v.index_select(0, sel).cpu()
+            out[shard_key(s, name)] = v[block].cpu()
+        start += size
     return out
 
 
 def local_rows(tensors: dict[str, Tensor], own: Tensor) -> dict[str, Tensor]:
-    """From the shard tensors of a checkpoint (at least those covering ``own``), the rows of the
-    ascending entity ids ``own``, by name (``table.entity``, ``optim.entity.exp_avg``, ...).
-
-    Whole tables (a replicated checkpoint's ``table.entity``...) are sliced the same way."""
+    """From the shard tensors of a checkpoint (those covering ``own``), the rows of the entity
+    ids ``own`` in that order, by name (``table.entity``, ``optim.entity.exp_avg``, ...)."""
     out: dict[str, Tensor] = {}
     pieces: dict[str, list[tuple[Tensor, Tensor]]] = {}
     for k, v in tensors.items():
@@ -77,11 +81,13 @@ def local_rows(tensors: dict[str, Tensor], own: Tensor) -> dict[str, Tensor]:
     for name, parts in pieces.items():
         ids = torch.cat([i for i, _ in parts])
         values = torch.cat([v for _, v in parts])
-        order = torch.argsort(ids)
-        ids, values = ids[order], values[order]
-        if not torch.equal(ids, own.cpu()):
-            raise ValueError(
-                f"the checkpoint's shards do not hold exactly this rank's rows ({name})"
-            )
+        if not torch.equal(ids, own.cpu()):  # the shards' order on this rank, not the file's
+            order = torch.argsort(ids)
+            pos = torch.searchsorted(ids[order], own.cpu()).clamp_(max=max(0, ids.numel() - 1))
+            if ids.numel() != own.numel() or not torch.equal(ids[order][pos], own.cpu()):
+                raise ValueError(
+                    f"the checkpoint's shards do not hold exactly this rank's rows ({name})"
+                )
+            values = values[order[pos]]
         out[name] = values
     return out

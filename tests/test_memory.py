@@ -69,6 +69,25 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 1000  # rank 0 alone: every entity
 
 
+def test_a_sharded_rank_holds_its_shards_and_no_copy_of_them_at_a_commit() -> None:
+    sharded = _config(
+        model={"name": "transe", "dim": 10},
+        distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
+    )
+    m = rank_memory(sharded, num_entities=1000, num_relations=5, num_train=0, world=2)
+    tables = 4 * (500 * 10 + 5 * 10)  # 2 of 4 shards of 250 rows; relations replicated
+    assert (m.tables, m.optimizer, m.checkpoint) == (tables, 2 * tables, 0)
+    # the fetched rows and pushed gradients double a step's buffers; the shard map
+    assert m.step == 2 * 4 * 2 * 512 * 258 * 10 + 12 * 1000
+    odd = rank_memory(sharded, num_entities=1000, num_relations=5, num_train=0, world=3)
+    assert odd.tables == 4 * (2 * 250 * 10 + 5 * 10)  # the rank with 2 of the 4 shards
+    replicated = rank_memory(
+        _config(model={"name": "transe", "dim": 10}), num_entities=1000, num_relations=5,
+        num_train=0, world=2,
+    )  # fmt: skip
+    assert replicated.tables == 4 * (1000 * 10 + 5 * 10)
+
+
 def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None:
     config = _config(model={"name": "transe", "dim": 1000})
     sizes = {"num_entities": 100_000, "num_relations": 10, "num_train": 0, "world": 2}

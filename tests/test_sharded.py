@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from kgpipe.config import ModelConfig, RunConfig, parse_config
-from kgpipe.distributed.sharded import ShardMap, owned_positions
+from kgpipe.distributed.sharded import LocalIndex, ShardMap, owned_positions
 from kgpipe.errors import ConfigError
 from kgpipe.models.model import KGEModel
 from kgpipe.pipeline import train
@@ -66,8 +66,13 @@ def test_shards_are_balanced_seeded_and_independent_of_the_world_size() -> None:
     assert torch.equal(torch.sort(torch.cat(owned)).values, torch.arange(1001))
     for r, ids in enumerate(owned):
         assert bool((b.owner(ids) == r).all())
-        mask, pos = owned_positions(ids, torch.tensor([int(ids[3]), -5 + 0 * int(ids[0])]))
-        assert mask.tolist() == [True, False] and int(pos[0]) == 3
+        # the local table: its shards one after the other, each a block of ascending ids
+        shard = b.shard_of[ids]
+        assert bool((shard[1:] >= shard[:-1]).all())
+        mask, pos = LocalIndex(ids).locate(torch.tensor([int(ids[7]), int(ids[3]), 5000]))
+        assert mask.tolist() == [True, True, False] and pos[:2].tolist() == [7, 3]
+    mask, pos = owned_positions(torch.tensor([2, 5, 9]), torch.tensor([9, 4]))
+    assert mask.tolist() == [True, False] and int(pos[0]) == 2
 
 
 @pytest.mark.parametrize("init", ["normal", "uniform", "xavier"])

@@ -3,7 +3,8 @@
 Entities are dealt to ``S`` shards by a seeded random permutation (balanced to one row, and not
 by graph cut, which is known to hurt quality); shard ``s`` belongs to rank ``s mod W``. ``S`` does
 not depend on the world size, so a sharded checkpoint (one set of rows per shard) resumes on any
-number of ranks. A rank's local table holds the rows of its shards in ascending entity id; the
+number of ranks. A rank's local table holds its shards one after the other (each a contiguous
+block of rows, ascending entity ids: a commit writes the blocks as they are, without a copy); the
 owner maps a global id to its local row with a binary search.
 
 A step (``distributed.sync: step``; the global batch and its dealing to ranks are those of the
@@ -36,7 +37,7 @@ from kgpipe.distributed.comm import Comm, StepExchange
 from kgpipe.training.exchange import Exchange, Trainable
 from kgpipe.training.optim import RowGrad
 
-__all__ = ["ShardMap", "ShardedExchange", "owned_positions"]
+__all__ = ["LocalIndex", "ShardMap", "ShardedExchange", "owned_positions"]
 
 #: the seed of the entity permutation is the run's seed mixed with this (not the model's draw)
 _PERMUTATION_SALT = 0x5EED_5A4D
@@ -70,8 +71,10 @@ class ShardMap:
         return list(range(rank, self.shards, self.world_size))
 
     def owned(self, rank: int) -> Tensor:
-        """The entity ids ``rank`` owns, ascending (its local table's rows in order)."""
-        return ((self.shard_of % self.world_size) == rank).nonzero().squeeze(1)
+        """The entity ids ``rank`` owns in the order of its local table: shard by shard, each
+        shard's ids ascending (so a shard's rows are one contiguous block of the table)."""
+        parts = [self.rows_of_shard(s) for s in self.shards_of(rank)]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
 
     def rows_of_shard(self, shard: int) -> Tensor:
         """The entity ids of one shard, ascending."""
@@ -86,6 +89,19 @@ def owned_positions(own: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     return own[pos] == ids, pos
 
 
+class LocalIndex:
+    """Where a rank's entity ids are in its local table (any order), by binary search."""
+
+    def __init__(self, own: Tensor) -> None:
+        self.order = torch.argsort(own)
+        self.sorted = own[self.order]
+
+    def locate(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``(mask, local row)`` of each of ``ids`` (the row is meaningless where not held)."""
+        mask, pos = owned_positions(self.sorted, ids)
+        return mask, self.order[pos] if self.order.numel() else pos
+
+
 class ShardedExchange(Exchange):
     """Pull rows from their owners before a step; push row gradients to them after it."""
 
@@ -93,7 +109,8 @@ class ShardedExchange(Exchange):
         self.comm = comm
         self.map = shard_map
         self.rank = rank
-        self.own = shard_map.owned(rank).to(comm.device)
+        self.own = shard_map.owned(rank).to(comm.device)  # the local table's ids, in order
+        self.index = LocalIndex(self.own)
         self.relations = StepExchange(comm, mode="dense", dense_tables=("relation",))
         self._touched: Tensor | None = None
         self._trainer: Trainable | None = None
@@ -133,7 +150,7 @@ class ShardedExchange(Exchange):
         order = torch.argsort(owners, stable=True)
         counts = torch.bincount(owners, minlength=self.comm.world_size)
         asked, asked_counts = self._exchange(ids[order], counts)
-        _, pos = owned_positions(self.own, asked)
+        _, pos = self.index.locate(asked)
         table = self._trainer.tables["entity"]
         got, _ = self._exchange(table.index_select(0, pos), asked_counts, counts)
         rows = torch.empty_like(got)
@@ -171,7 +188,7 @@ class ShardedExchange(Exchange):
         packed = torch.cat((ids[order].view(torch.float32).view(-1, 2), g.values[order]), 1)
         got, _ = self._exchange(packed, counts)
         got_ids = got[:, :2].contiguous().view(torch.int64).view(-1)
-        _, pos = owned_positions(self.own, got_ids)
+        _, pos = self.index.locate(got_ids)
         rows, inv = torch.unique(pos, return_inverse=True)
         summed = got.new_zeros(rows.numel(), got.shape[1] - 2).index_add_(0, inv, got[:, 2:])
         out = self.relations.step({k: v for k, v in grads.items() if k != "entity"})

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kgpipe.distributed.sharded import ShardedExchange, owned_positions
+from kgpipe.distributed.sharded import ShardedExchange
 from kgpipe.evaluation import FilterIndex, ProgressFn, split_block_ranks, summarise
 from kgpipe.models.model import KGEModel
 
@@ -37,10 +37,7 @@ def evaluate_sharded(
     n = int(triples.shape[0])
     spec, inter = model.spec, model.interaction
     dev = model.entity.device
-    own = exchange.own
-
-    def locate(ids: Tensor) -> tuple[Tensor, Tensor]:
-        return owned_positions(own, ids)
+    locate = exchange.index.locate
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     done = 0

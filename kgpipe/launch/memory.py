@@ -17,6 +17,9 @@ the replicated strategy every rank holds:
 * where it validates (full ranking is split over every rank of a gang; a sampled validation
   runs on rank 0): the filter index, 4 int64 per known triple (twice that while it is built),
   and a chunk's scores against its candidates with a comparison's booleans;
+* under the sharded strategy (``distributed.strategy: sharded``), the tables and optimiser state
+  of its shards only (a commit writes them as they are: no copy), the fetched rows and pushed
+  gradients of a step, and the entity-to-shard map;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   the scores against every entity and their gradient (``2 b entities`` floats).
@@ -85,11 +88,17 @@ class RankMemory:
 def rank_memory(
     config: RunConfig, *, num_entities: int, num_relations: int, num_train: int, world: int
 ) -> RankMemory:
-    """The estimate of one rank's run-dependent bytes under ``config`` (replicated tables)."""
+    """The estimate of one rank's run-dependent bytes under ``config``."""
     m = config.model
     relation_width = INTERACTIONS.get(m.name)(p=m.p, margin=m.margin).relation_dim(m.dim)
     relation_rows = num_relations * (2 if m.reciprocal else 1)
-    tables = 4 * (num_entities * m.dim + relation_rows * relation_width)
+    d = config.distributed
+    sharded = d.strategy == "sharded" and world > 1
+    # a sharded rank holds the rows of its shards (ceil(S / W) shards of ceil(N / S) rows)
+    held = num_entities
+    if sharded:
+        held = min(num_entities, -(-d.entity_shards // world) * -(-num_entities // d.entity_shards))
+    tables = 4 * (held * m.dim + relation_rows * relation_width)
     slots = _SLOTS.get(config.training.optimizer, 2)
     optimizer = slots * tables
     averaging = 0
@@ -105,12 +114,15 @@ def rank_memory(
     batch = -(-t.batch_size // max(1, world))
     if t.mode == "negative_sampling":
         step = 4 * 2 * batch * (t.negatives + 2) * m.dim
+        if sharded:  # the fetched rows and the pushed gradients, and the map of the shards
+            step = 2 * step + 12 * num_entities
     else:  # scores against every entity, and their gradient
         step = 4 * 2 * batch * num_entities
     return RankMemory(
         tables=tables,
         optimizer=optimizer,
-        checkpoint=(tables + optimizer) if config.checkpoint.background else 0,
+        # a sharded commit is synchronous and writes its shards' row blocks as they are
+        checkpoint=(tables + optimizer) if config.checkpoint.background and not sharded else 0,
         averaging=averaging,
         triples=triples,
         step=step,
@@ -163,8 +175,14 @@ def check_gang_memory(
             f"one rank needs about {format_bytes(need.total)} ({need.describe()}) on top of the "
             f"{format_bytes(now)} its worker holds already, but the worker's memory limit is "
             f"{format_bytes(limit)} (Dask restarts a worker past {TERMINATE_FRACTION:.0%} of it; "
-            f"{len(short)} of {len(workers)} worker(s), e.g. {address}): every rank holds the "
-            "whole model under the replicated strategy -- raise distributed.memory_limit, or "
-            "use a smaller model.dim"
+            f"{len(short)} of {len(workers)} worker(s), e.g. {address}): "
+            + (
+                "each rank holds its shards of the entity table -- raise "
+                "distributed.memory_limit, add workers, or use a smaller model.dim"
+                if config.distributed.strategy == "sharded" and world > 1
+                else "every rank holds the whole model under the replicated strategy -- use "
+                "distributed.strategy: sharded, raise distributed.memory_limit, or use a "
+                "smaller model.dim"
+            )
         )
     return need

@@ -58,7 +58,7 @@ class KGEModel(nn.Module):
         super().__init__()
         self.spec = spec
         self.interaction: Interaction = INTERACTIONS.get(spec.name)(p=spec.p, margin=spec.margin)
-        #: the entity ids whose rows this model holds (ascending), or None: all of them
+        #: the entity ids whose rows this model holds, in the order of its table; None: all
         self.rows = rows
         held = spec.num_entities if rows is None else int(rows.numel())
         self.entity = nn.Parameter(torch.zeros(held, spec.dim), requires_grad=False)
@@ -79,8 +79,8 @@ class KGEModel(nn.Module):
         rows: Tensor | None = None,
     ) -> KGEModel:
         """A freshly initialised model; the draw depends only on ``seed``. With ``rows`` (the
-        ascending entity ids of a shard set) it holds only those rows of the entity table, with
-        the values the whole table would give them."""
+        entity ids of a shard set, in any order) it holds only those rows of the entity table,
+        in that order, with the values the whole table would give them."""
         spec = spec_from_config(cfg, num_entities=num_entities, num_relations=num_relations)
         model = cls(spec, rows=rows)
         gen = torch.Generator().manual_seed(seed)
@@ -94,6 +94,9 @@ class KGEModel(nn.Module):
         table): a model holding some rows keeps its own of each block, never the whole table."""
         full = (self.spec.num_entities, self.spec.dim)
         rows = self.rows
+        if rows is not None:
+            order = torch.argsort(rows)
+            by_id = rows[order]
         for start in range(0, full[0], INIT_BLOCK):
             stop = min(start + INIT_BLOCK, full[0])
             if rows is None:
@@ -101,8 +104,8 @@ class KGEModel(nn.Module):
                 continue
             block = torch.empty(stop - start, full[1])
             _draw(block, init, scale, full, generator)
-            lo, hi = torch.searchsorted(rows, torch.tensor([start, stop]))
-            self.entity[lo:hi] = block[rows[lo:hi] - start]
+            lo, hi = torch.searchsorted(by_id, torch.tensor([start, stop]))
+            self.entity[order[lo:hi]] = block[by_id[lo:hi] - start]
         if self.interaction.phase_relations:
             self.relation.uniform_(-math.pi, math.pi, generator=generator)
         else:
