@@ -85,7 +85,7 @@ def owned_positions(own: Tensor, ids: Tensor) -> tuple[Tensor, Tensor]:
     """``(mask, position)``: which of ``ids`` are in the ascending id set ``own``, and where."""
     if own.numel() == 0:
         return torch.zeros_like(ids, dtype=torch.bool), torch.zeros_like(ids)
-    pos = torch.searchsorted(own, ids).clamp_(max=own.numel() - 1)
+    pos = torch.searchsorted(own, ids.contiguous()).clamp_(max=own.numel() - 1)
     return own[pos] == ids, pos
 
 
