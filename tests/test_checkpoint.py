@@ -438,20 +438,31 @@ def test_killed_training_process_resumes_from_the_last_commit(
 
 
 # -- a Dask worker killed with SIGKILL mid-epoch: the gang is relaunched from the last commit -----
-@pytest.mark.parametrize("fault,rank", [("kill", 0), ("kill", 1), ("raise", 1)])
+@pytest.mark.parametrize(
+    "fault,rank,strategy",
+    [("kill", 0, "replicated"), ("kill", 1, "replicated"), ("raise", 1, "replicated"),
+     ("kill", 1, "sharded")],
+)  # fmt: skip
 def test_failed_rank_recovers_bit_identically(
     tmp_path: Path,
     fault: str,
     rank: int,
+    strategy: str,
     capfd: pytest.CaptureFixture[str],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A Dask worker killed with SIGKILL mid-epoch (rank 0's, then another's), or a rank that
     raises: the gang is relaunched from the last commit and ends as an uninterrupted run. A dead
     worker is reported in one line (rank, worker, where the gang restarts), without Dask's
-    "Compute Failed" block or the surviving rank's gloo error."""
-    over = {"distributed": {"workers": 2, "sync": "step", "timeout_s": 30},
-            "fault_tolerance": {"restart_backoff_s": 0.1}}  # fmt: skip
+    "Compute Failed" block or the surviving rank's gloo error. Under the sharded strategy the
+    relaunched ranks read their shards of the last commit back."""
+    over: dict[str, Any] = {
+        "distributed": {"workers": 2, "sync": "step", "timeout_s": 30, "strategy": strategy},
+        "fault_tolerance": {"restart_backoff_s": 0.1},
+    }
+    if strategy == "sharded":  # a mode that scores shared negatives, not every entity
+        over["training"] = {"mode": "negative_sampling", "loss": "margin", "negatives": 16,
+                            "chunk_size": 32}  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
     marker = tmp_path / "fault-fired"
     injected = FaultAt(fault, rank=rank, epoch=3, step=10, marker=marker)
