@@ -276,7 +276,21 @@ class CheckpointStore:
         manifest is kept aside as ``corrupt-<token>.json``) so those epochs can be committed
         again by the resumed training."""
         found = self.latest()
-        start = found[0].epoch if found else 0
+        self._uncommit_after(found[0].epoch if found else 0)
+        return found
+
+    def resume_checkpoint(self) -> Checkpoint | None:
+        """Like :meth:`resume_point`, without loading the state (a gang's driver: the ranks
+        load it; its history is in the manifest)."""
+        found = self.latest_verified()
+        self._uncommit_after(found.epoch if found else 0)
+        return found
+
+    def latest_verified(self) -> Checkpoint | None:
+        """The newest committed checkpoint that verifies (not loaded)."""
+        return next((c for c in reversed(self.committed()) if self.verify(c)), None)
+
+    def _uncommit_after(self, start: int) -> None:
         for ckpt in self.committed():
             if ckpt.epoch > start:
                 rel = f"{_dir(ckpt.epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
@@ -286,7 +300,6 @@ class CheckpointStore:
                     "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)",
                     ckpt.epoch, self.store.url_of(rel),
                 )  # fmt: skip
-        return found
 
     def load(self, ckpt: Checkpoint) -> TrainState:
         with self._verified(ckpt) as paths:

@@ -46,6 +46,30 @@ def resolve_device(setting: str, *, cluster: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def device_identity(setting: str, cluster: str | None) -> str | None:
+    """Which physical device a rank started here would train on: ``host/GPU uuid``, or ``None``
+    for the CPU (run on each worker before a gang launches: NCCL refuses two ranks on one GPU)."""
+    import socket
+
+    try:
+        device = resolve_device(setting, cluster=cluster)
+    except ConfigError:
+        return None  # the rank reports it itself, in one line
+    if device.type != "cuda":
+        return None
+    props = torch.cuda.get_device_properties(device)
+    return f"{socket.gethostname()}/{getattr(props, 'uuid', device.index)}"
+
+
+def shared_devices(identities: dict[str, str | None]) -> dict[str, list[str]]:
+    """``{device: [worker, ...]}`` of every GPU that more than one worker would train on."""
+    by_device: dict[str, list[str]] = {}
+    for worker, ident in identities.items():
+        if ident is not None:
+            by_device.setdefault(ident, []).append(worker)
+    return {d: sorted(w) for d, w in by_device.items() if len(w) > 1}
+
+
 def process_group_backend(setting: str, device: torch.device) -> str:
     """The torch.distributed backend for ``distributed.backend`` and the training device:
     ``auto`` is NCCL for CUDA tensors and gloo for CPU tensors."""

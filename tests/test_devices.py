@@ -15,7 +15,14 @@ import torch
 import yaml
 
 from kgpipe.config import RunConfig, config_hash
-from kgpipe.devices import native_bf16, process_group_backend, resolve_device, resolve_precision
+from kgpipe.devices import (
+    device_identity,
+    native_bf16,
+    process_group_backend,
+    resolve_device,
+    resolve_precision,
+    shared_devices,
+)
 from kgpipe.errors import ConfigError
 
 HAS_CUDA = torch.cuda.is_available()
@@ -42,6 +49,22 @@ def test_auto_uses_a_gpu_only_when_there_is_one() -> None:
 def test_cuda_without_a_gpu_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match=r"training\.device=cuda: torch sees no CUDA GPU"):
         resolve_device("cuda")
+
+
+def test_workers_that_would_share_a_gpu_are_found_before_a_gang_launches() -> None:
+    """Found on one H100: a 2-worker gang on a scheduler address put both ranks on the card, and
+    NCCL failed it three restarts in a row ("Duplicate GPU detected")."""
+    idents = {"tcp://a:1": "h/GPU-1", "tcp://a:2": "h/GPU-1", "tcp://b:1": "g/GPU-1",
+              "tcp://b:2": None, "tcp://b:3": None}  # fmt: skip
+    assert shared_devices(idents) == {"h/GPU-1": ["tcp://a:1", "tcp://a:2"]}
+    assert shared_devices({"x": None, "y": None}) == {}
+    assert device_identity("cpu", "tcp://s:8786") is None
+    assert device_identity("auto", "local") is None  # LocalCluster ranks stay on the CPU
+    if not torch.cuda.is_available():
+        assert device_identity("auto", "tcp://s:8786") is None
+        assert device_identity("cuda", "tcp://s:8786") is None  # the rank says why, itself
+    else:
+        assert device_identity("auto", "tcp://s:8786") == device_identity("cuda", None)
 
 
 def test_backend_follows_the_device() -> None:

@@ -19,10 +19,11 @@ from typing import Any
 from distributed import Client
 
 from kgpipe.config import RunConfig
+from kgpipe.devices import device_identity, shared_devices
 from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
-from kgpipe.errors import RunError
+from kgpipe.errors import ConfigError, RunError
 from kgpipe.launch.memory import check_gang_memory
 from kgpipe.launch.rank import RankSpec, rank_main
 from kgpipe.runs.callbacks import MetricsWriter
@@ -179,29 +180,32 @@ class DaskLauncher:
         checkpoints = run.checkpoints()
         first = self._restarts
         while True:
-            found = checkpoints.resume_point()
-            start = found[0].epoch if found else 0
-            history = found[1].history if found else []
+            # verified, not loaded: the ranks load it (the driver need not hold the model)
+            found = checkpoints.resume_checkpoint()
+            start = found.epoch if found else 0
+            history = list(found.manifest["history"]) if found else []
             if start >= until:
                 return
             world = min(dcfg.workers, _alive(client))
             view = GangView(
                 epochs=config.training.epochs,
                 epoch=start,
-                global_step=found[0].global_step if found else 0,
+                global_step=found.global_step if found else 0,
                 world_size=world,
                 history=[EpochStats.from_dict(h) for h in history],
             )
             self.writer.reset(history)
             queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
             make_spec = functools.partial(
-                self._spec, queue=queue, world=world, start=found[0].epoch if found else None,
+                self._spec, queue=queue, world=world, start=found.epoch if found else None,
                 until=until,
             )  # fmt: skip
             self.say(
                 f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
                 + (f", from the checkpoint of epoch {start}" if start else "")
             )
+            if world > 1:  # NCCL refuses two ranks on one GPU: say so before the gang fails
+                _check_devices(client, config)
             # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
             check_gang_memory(
                 config,
@@ -314,3 +318,17 @@ class _Relay:
         if self.started:
             for cb in self.callbacks:
                 cb.on_train_end(self.view)
+
+
+def _check_devices(client: Client, config: RunConfig) -> None:
+    """Refuse a gang whose workers would share a GPU (ranks of one host all seeing one card)."""
+    shared = shared_devices(
+        client.run(device_identity, config.training.device, config.distributed.cluster)
+    )
+    if shared:
+        device, workers = next(iter(shared.items()))
+        raise ConfigError(
+            f"workers {', '.join(workers)} would all train on one GPU ({device}): NCCL needs a "
+            "GPU per rank -- use distributed.cluster: cuda (dask-cuda starts one worker per GPU), "
+            "fewer workers, or training.device: cpu"
+        )

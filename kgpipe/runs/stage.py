@@ -125,8 +125,8 @@ def prepare_run(
             say(f"removed {path}, a partial write of an interrupted run")
         if is_staged(store):
             run = RunFolder.read(config)
-            found = run.checkpoints().latest()
-            run.resumed_epoch = found[0].epoch if found else 0
+            found = run.checkpoints().latest_verified()
+            run.resumed_epoch = found.epoch if found else 0
             say(
                 f"resuming {store.url} from the checkpoint of epoch {run.resumed_epoch}"
                 if found
