@@ -334,6 +334,26 @@ class CheckpointStore:
             shards = {k: v for k, v in tensors.items() if k.startswith(SHARD_PREFIX)}
             return _state_of(ckpt, tensors), shards
 
+    def shards(self, ckpt: Checkpoint) -> Iterator[tuple[int, dict[str, Tensor]]]:
+        """A sharded checkpoint's shards, one at a time: ``(shard, {"ids": ..., "table.entity":
+        ..., "optim.entity.<slot>": ...})``, read from the verified files (bounded memory)."""
+        with self._verified(ckpt) as paths:
+            if paths is None:
+                raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
+            for path in paths.values():
+                with safe_open(path, framework="pt") as f:
+                    keys = [k for k in f.keys() if k.startswith(SHARD_PREFIX)]  # noqa: SIM118
+                    for sid in sorted({int(k.split(".")[1]) for k in keys}):
+                        prefix = f"{SHARD_PREFIX}{sid:06d}."
+                        yield (
+                            sid,
+                            {
+                                k[len(prefix) :]: f.get_tensor(k)
+                                for k in keys
+                                if k.startswith(prefix)
+                            },
+                        )
+
     # -- retention -------------------------------------------------------------------------------
     def prune(self) -> list[int]:
         """Remove committed checkpoints beyond the newest ``keep_last`` (and the best by

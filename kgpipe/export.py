@@ -26,7 +26,14 @@ from kgpipe.models.model import KGEModel
 from kgpipe.models.spec import ModelSpec
 from kgpipe.storage import RetryPolicy, Store
 
-__all__ = ["export_embeddings", "load_model", "relation_labels", "save_model"]
+__all__ = [
+    "export_embeddings",
+    "load_model",
+    "model_info",
+    "relation_labels",
+    "save_model",
+    "table_parquet",
+]
 
 MODEL_FILE = "model.safetensors"
 
@@ -73,7 +80,7 @@ def relation_labels(vocab: Vocabulary, spec: ModelSpec) -> list[str]:
     return labels
 
 
-def _table_parquet(
+def table_parquet(
     ids: np.ndarray, labels: list[str], emb: np.ndarray, meta: dict[str, str]
 ) -> bytes:
     dim = emb.shape[1]
@@ -89,6 +96,15 @@ def _table_parquet(
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
+
+
+def model_info(spec: ModelSpec) -> dict[str, Any]:
+    """What ``model.json`` (and the Parquet metadata) says of an export's model."""
+    return {
+        "model": json.loads(spec.to_json()),
+        "scoring": INTERACTIONS.get(spec.name).scoring,
+        "relation_rows": "rows num_relations.. are inverse relations" if spec.reciprocal else "",
+    }
 
 
 def export_embeddings(
@@ -111,11 +127,7 @@ def export_embeddings(
     if fmt not in ("parquet", "npy"):
         raise ValueError(f"unknown export format {fmt!r}; known: npy, parquet")
     store = Store(out_url, storage_options, retry=retry)
-    info = {
-        "model": json.loads(spec.to_json()),
-        "scoring": INTERACTIONS.get(spec.name).scoring,
-        "relation_rows": "rows num_relations.. are inverse relations" if spec.reciprocal else "",
-    }
+    info = model_info(spec)
     meta = {"kgpipe": json.dumps(info)}
     ent = model.entity.data.cpu().numpy()
     rel = model.relation.data.cpu().numpy()
@@ -127,7 +139,7 @@ def export_embeddings(
             ("relations", rel, rel_labels),
         ):
             store.write_bytes(
-                f"{name}.parquet", _table_parquet(np.arange(emb.shape[0]), labels, emb, meta)
+                f"{name}.parquet", table_parquet(np.arange(emb.shape[0]), labels, emb, meta)
             )
             written.append(store.url_of(f"{name}.parquet"))
     else:  # npy

@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.evaluation",
             "kgpipe.checkpoint",
             "kgpipe.export",
+            "kgpipe.export_shards",
             "kgpipe.distributed.comm",
             "kgpipe.distributed.sharded",
             "kgpipe.distributed.sharded_eval",

@@ -11,16 +11,20 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import torch
+from cli_support import run_cli, vocab_labels
 from safetensors.torch import load_file
 
 from kgpipe.config import ModelConfig, RunConfig, parse_config
 from kgpipe.distributed.sharded import LocalIndex, ShardMap, owned_positions
 from kgpipe.errors import ConfigError
+from kgpipe.export import load_model
 from kgpipe.models.model import KGEModel
 from kgpipe.pipeline import train
 from kgpipe.sharded_tensors import assemble_shards, local_rows, split_shards
+from kgpipe.storage import Store
 
 BASE: dict[str, Any] = {
     "run": {"seed": 5},
@@ -206,3 +210,48 @@ def test_a_sharded_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> N
         a, b = _model(tmp_path, "two"), _model(tmp_path, name)
         for key in ("entity", "relation"):
             assert (a[key] - b[key]).abs().max().item() <= 1e-5, (name, key)
+
+
+def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The export holds a Parquet part per shard (written shard by shard from the checkpoint);
+    ``kgpipe predict`` answers from the parts, one at a time, what the whole model answers."""
+    sections = {"model": {"name": "distmult", "dim": 16, "reciprocal": False}, "training": TRAINING}
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 3}
+    train(_config(tmp_path, "run", **sections, distributed=gang))
+    run = tmp_path / "run"
+    parts = sorted((run / "embeddings" / "entities").glob("part-*.parquet"))
+    assert [p.name for p in parts] == [f"part-00000{s}.parquet" for s in range(3)]
+    whole = _model(tmp_path, "run")["entity"]
+    labels = vocab_labels(run, "entities")
+    seen: list[int] = []
+    for part in parts:
+        table = pq.read_table(part)
+        ids = table.column("id").to_pylist()
+        rows = torch.tensor(table.column("embedding").to_pylist())
+        assert torch.equal(rows, whole[ids])
+        assert table.column("label").to_pylist() == [labels[i] for i in ids]
+        seen += ids
+    assert sorted(seen) == list(range(len(labels)))
+    info = json.loads((run / "embeddings" / "model.json").read_text())
+    assert (info["layout"], info["parts"]) == ("sharded", 3)
+    model = load_model(Store(str(run)))
+    rel = 2
+    relations = vocab_labels(run, "relations")
+    for flag in ("--head", "--tail"):
+        code, out, err = run_cli(
+            ["predict", str(run), flag, labels[7], "--relation", relations[rel], "--top", "5",
+             "--json", "--no-known"],
+            capsys,
+        )  # fmt: skip
+        assert code == 0, err
+        got = json.loads(out)
+        a, r = torch.tensor([7]), torch.tensor([rel])
+        scores = (
+            model.score_all_tails(a, r)[0] if flag == "--head" else model.score_all_heads(r, a)[0]
+        )
+        top = torch.topk(scores, 5)
+        assert [g["score"] for g in got] == pytest.approx(top.values.tolist(), rel=1e-5)
+        side = "tail" if flag == "--head" else "head"
+        assert [g[side] for g in got] == [labels[i] for i in top.indices.tolist()]

@@ -10,8 +10,12 @@ from rich.console import Console
 from rich.table import Table
 
 from kgpipe.cli.arguments import PREFIX_HELP, positive_int, prefix, storage_errors, url
+from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import KgpipeError
-from kgpipe.runs.read import known_triples, load_run
+from kgpipe.export import load_model
+from kgpipe.export_shards import ShardedEmbeddings
+from kgpipe.runs.folder import EMBEDDINGS, VOCAB
+from kgpipe.runs.read import known_triples, open_run
 
 NAME = "predict"
 HELP = "top-scored tails (--head) or heads (--tail)"
@@ -41,19 +45,19 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "give exactly one of --head (to predict tails) or --tail (to predict heads)"
         )
     with storage_errors(args.run, "read the run"):
-        loaded = load_run(args.run)
-    vocab, model = loaded.vocab, loaded.model
+        store, _config = open_run(args.run)
+        vocab = Vocabulary.read(store.url_of(VOCAB))
+        # a sharded run's export is read part by part; others load the model file
+        sharded = ShardedEmbeddings.open(store.url_of(EMBEDDINGS))
+        model = None if sharded is not None else load_model(store)
     prefixes = dict(args.prefix)
     rel = vocab.find_relation(args.relation, prefixes)
-    r = torch.tensor([rel])
     if args.head is not None:
         anchor_id = vocab.find_entity(args.head, prefixes)
-        scores = model.score_all_tails(torch.tensor([anchor_id]), r)[0]
         side, col, other = "tail", 2, 0
         query = f"({vocab.entities[anchor_id]}, {vocab.relations[rel]}, ?)"
     else:
         anchor_id = vocab.find_entity(args.tail, prefixes)
-        scores = model.score_all_heads(r, torch.tensor([anchor_id]))[0]
         side, col, other = "head", 0, 2
         query = f"(?, {vocab.relations[rel]}, {vocab.entities[anchor_id]})"
 
@@ -65,14 +69,23 @@ def run(args: argparse.Namespace, console: Console) -> int:
     known: set[int] = set()
     if args.filter_known or not args.no_known:
         with storage_errors(args.run, "read the run's staged triples"):
-            staged = known_triples(loaded.store)
+            staged = known_triples(store)
         in_train = answers(staged[0])
         if args.filter_known:
             known = set().union(*(answers(t) for t in staged))
-            scores = scores.clone()
+    if sharded is not None:
+        with storage_errors(args.run, "read the run's embeddings"):
+            values, indices = sharded.top(anchor_id, rel, side, args.top, known)
+    else:
+        assert model is not None
+        a, r = torch.tensor([anchor_id]), torch.tensor([rel])
+        scores = (
+            model.score_all_tails(a, r)[0] if side == "tail" else model.score_all_heads(r, a)[0]
+        )
+        if known:
             scores[list(known)] = float("-inf")
-    k = min(args.top, scores.numel() - len(known))
-    top = torch.topk(scores, k)
+        top = torch.topk(scores, min(args.top, scores.numel() - len(known)))
+        values, indices = top.values.tolist(), top.indices.tolist()
     title = f"top {args.top} {side}s for {query}"
     if args.filter_known:
         title += f", {len(known)} known left out"
@@ -84,7 +97,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if marked:
         table.add_column("in train")
     rows = []
-    for i, (s, e) in enumerate(zip(top.values.tolist(), top.indices.tolist(), strict=True), 1):
+    for i, (s, e) in enumerate(zip(values, indices, strict=True), 1):
         label = vocab.entities[e]
         rows.append({"rank": i, side: label, "score": s, "known": e in in_train})
         table.add_row(str(i), label, f"{s:.4f}", *(["yes" if e in in_train else ""] * marked))

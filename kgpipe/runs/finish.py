@@ -17,6 +17,7 @@ from kgpipe.devices import resolve_device
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, save_model
+from kgpipe.export_shards import export_sharded
 from kgpipe.models.model import KGEModel
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder
@@ -125,11 +126,18 @@ def finish_run(
             "resumed_from_epoch": run.resumed_epoch,
         }
         store.write_json(RESULTS, results)
-    export_embeddings(
-        model,
-        vocab,
-        store.url_of(EMBEDDINGS),
-        storage_options=config.run.storage_options,
-        retry=run.retry,
-    )
+    if chosen is not None and chosen.manifest.get("strategy") == "sharded":
+        # a part per shard, from the checkpoint's shard tensors (one shard at a time)
+        export_sharded(
+            checkpoints, chosen, vocab, model.spec, store.url_of(EMBEDDINGS),
+            storage_options=config.run.storage_options, retry=run.retry,
+        )  # fmt: skip
+    else:
+        export_embeddings(
+            model,
+            vocab,
+            store.url_of(EMBEDDINGS),
+            storage_options=config.run.storage_options,
+            retry=run.retry,
+        )
     return results
