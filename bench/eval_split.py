@@ -8,7 +8,9 @@ triples. ``--ranks 1`` is ``evaluate`` in this process with all the cores; ``--r
 W gloo ranks with ``cores // W`` threads each, every rank scoring its range of entities (what a
 gang's validation does, `kgpipe/evaluation.py`). Reported per setting: the evaluation's wall
 time (from a barrier to the last rank's end), each process's peak resident memory, and the MRR
-(equal in every setting). Results: ``bench/results/eval_split_<entities>.json``.
+(equal in every setting). ``--blocks 8192 0`` compares one process's ranking in blocks of
+candidates with the whole matrix at once (``--rounds`` interleaves them). Results:
+``bench/results/eval_split_<entities>.json``.
 """
 
 from __future__ import annotations
@@ -63,13 +65,15 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def _rank(
-    rank: int, world: int, port: int, threads: int, args: argparse.Namespace, out: str
+    rank: int, world: int, port: int, threads: int, args: argparse.Namespace, out: str, block: int
 ) -> None:
     import torch
     import torch.distributed as dist
 
+    import kgpipe.evaluation as ev
     from kgpipe.evaluation import evaluate
 
+    ev.BLOCK = block or 1 << 62  # 0: the whole (chunk x entities) matrix at once
     torch.set_num_threads(threads)
     model, test, index = _setup(args)
     dist.init_process_group(
@@ -101,30 +105,42 @@ def main() -> None:
     p.add_argument("--model", default="complex")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    p.add_argument(
+        "--blocks",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="candidates per block of one process's ranking (0: all at once); interleaved",
+    )
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
 
     import torch.multiprocessing as mp
 
     cores = os.cpu_count() or 1
     runs = []
-    for world in args.ranks:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        threads = max(1, cores // world)
-        with tempfile.TemporaryDirectory() as tmp:
-            out = str(Path(tmp) / "rank")
-            mp.spawn(_rank, args=(world, port, threads, args, out), nprocs=world)
-            ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(world)]
-        run = {
-            "ranks": world,
-            "threads_per_rank": threads,
-            "seconds": round(max(x["seconds"] for x in ranks), 2),
-            "mrr": ranks[0]["mrr"],
-            "peak_rss_bytes": [x["peak"] for x in ranks],
-        }
-        print(json.dumps(run), flush=True)
-        runs.append(run)
+    settings = [(w, b) for w in args.ranks for b in (args.blocks if w == 1 else [0])]
+    for round_ in range(args.rounds):
+        for world, block in settings:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            threads = max(1, cores // world)
+            with tempfile.TemporaryDirectory() as tmp:
+                out = str(Path(tmp) / "rank")
+                mp.spawn(_rank, args=(world, port, threads, args, out, block), nprocs=world)
+                ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(world)]
+            run = {
+                "round": round_,
+                "ranks": world,
+                "block": block,
+                "threads_per_rank": threads,
+                "seconds": round(max(x["seconds"] for x in ranks), 2),
+                "mrr": ranks[0]["mrr"],
+                "peak_rss_bytes": [x["peak"] for x in ranks],
+            }
+            print(json.dumps(run), flush=True)
+            runs.append(run)
     out_json = {
         "hardware": hardware(),
         "commit": commit(),

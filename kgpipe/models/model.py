@@ -132,17 +132,21 @@ class KGEModel(nn.Module):
         return self.interaction.score(e[h], rel[r], e[t])
 
     @torch.no_grad()
-    def score_all_tails(self, h: Tensor, r: Tensor, candidates: slice | None = None) -> Tensor:
+    def score_all_tails(
+        self, h: Tensor, r: Tensor, candidates: slice | Tensor | None = None
+    ) -> Tensor:
         """Scores ``(b, num_entities)`` of queries ``(h, r, ?)`` against every entity, or
-        ``(b, len)`` against the entities of the id range ``candidates``."""
+        ``(b, len)`` against the entities of ``candidates`` (an id range or ids)."""
         self._whole()
         table = self.entity if candidates is None else self.entity[candidates]
         return self.interaction.score_tails(self.entity[h], self.relation[r], table)
 
     @torch.no_grad()
-    def score_all_heads(self, r: Tensor, t: Tensor, candidates: slice | None = None) -> Tensor:
+    def score_all_heads(
+        self, r: Tensor, t: Tensor, candidates: slice | Tensor | None = None
+    ) -> Tensor:
         """Scores ``(b, num_entities)`` of queries ``(?, r, t)`` against every entity, or
-        ``(b, len)`` against the entities of the id range ``candidates``."""
+        ``(b, len)`` against the entities of ``candidates`` (an id range or ids)."""
         self._whole()
         if self.spec.reciprocal:
             return self.score_all_tails(t, self.inverse(r), candidates)
