@@ -7,8 +7,13 @@ the mean of the optimistic and pessimistic rank ("realistic" rank,
 ``1 + #{better} + #{equal}/2``). MRR, MR and Hits@k are averaged over both sides and reported
 per side.
 
-Peak memory is about ``batch_size x num_entities x 4`` bytes for the score matrix (plus the
-model's own intermediates), whatever the size of the evaluation set.
+Against more entities than a block (:data:`BLOCK`, 8,192), a chunk of queries is scored one
+block of candidates at a time, and the better and equal candidates are counted per block. The
+target's score comes from a small product against the targets' rows. It is checked against its
+column in its block, and a chunk where the two differ (another kernel, another rounding) is
+ranked against the whole matrix instead, so the ranks are the same either way. Peak memory is
+about ``batch_size x BLOCK x 4`` bytes of scores (``batch_size x num_entities x 4`` on a
+fallback), whatever the size of the evaluation set.
 
 A *sampled* mode ranks each query against ``k`` random entities instead of all; its numbers are
 not comparable to published results and are labelled ``"candidates": "sampled-k"``.
