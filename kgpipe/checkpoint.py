@@ -233,7 +233,7 @@ class CheckpointStore:
         return out
 
     @contextlib.contextmanager
-    def _verified(self, ckpt: Checkpoint) -> Iterator[dict[str, str] | None]:
+    def verified_files(self, ckpt: Checkpoint) -> Iterator[dict[str, str] | None]:
         """Local paths of the checkpoint's files, each checked against the manifest's size and
         sha256 (read from disk in blocks, never whole into memory); ``None`` if any is missing
         or differs."""
@@ -258,7 +258,7 @@ class CheckpointStore:
             yield paths
 
     def verify(self, ckpt: Checkpoint) -> bool:
-        with self._verified(ckpt) as paths:
+        with self.verified_files(ckpt) as paths:
             return paths is not None
 
     def latest(self, *, max_epoch: int | None = None) -> tuple[Checkpoint, TrainState] | None:
@@ -266,7 +266,7 @@ class CheckpointStore:
         for ckpt in reversed(self.committed()):
             if max_epoch is not None and ckpt.epoch > max_epoch:
                 continue
-            with self._verified(ckpt) as paths:
+            with self.verified_files(ckpt) as paths:
                 if paths is not None:
                     return ckpt, self._state(ckpt, paths)
         return None
@@ -302,7 +302,7 @@ class CheckpointStore:
                 )  # fmt: skip
 
     def load(self, ckpt: Checkpoint) -> TrainState:
-        with self._verified(ckpt) as paths:
+        with self.verified_files(ckpt) as paths:
             if paths is None:
                 raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
             return self._state(ckpt, paths)
@@ -322,7 +322,7 @@ class CheckpointStore:
         """The state of ``ckpt`` read from its verified files, with only the tensors whose
         name ``keep`` accepts; the shard tensors among them come apart (a rank of a sharded
         gang reads its own shards)."""
-        with self._verified(ckpt) as paths:
+        with self.verified_files(ckpt) as paths:
             if paths is None:
                 raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
             tensors: dict[str, Tensor] = {}
@@ -334,25 +334,14 @@ class CheckpointStore:
             shards = {k: v for k, v in tensors.items() if k.startswith(SHARD_PREFIX)}
             return _state_of(ckpt, tensors), shards
 
-    def shards(self, ckpt: Checkpoint) -> Iterator[tuple[int, dict[str, Tensor]]]:
-        """A sharded checkpoint's shards, one at a time: ``(shard, {"ids": ..., "table.entity":
-        ..., "optim.entity.<slot>": ...})``, read from the verified files (bounded memory)."""
-        with self._verified(ckpt) as paths:
-            if paths is None:
-                raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
-            for path in paths.values():
-                with safe_open(path, framework="pt") as f:
-                    keys = [k for k in f.keys() if k.startswith(SHARD_PREFIX)]  # noqa: SIM118
-                    for sid in sorted({int(k.split(".")[1]) for k in keys}):
-                        prefix = f"{SHARD_PREFIX}{sid:06d}."
-                        yield (
-                            sid,
-                            {
-                                k[len(prefix) :]: f.get_tensor(k)
-                                for k in keys
-                                if k.startswith(prefix)
-                            },
-                        )
+    def load_tables(self, ckpt: Checkpoint) -> TrainState:
+        """The state of ``ckpt`` without its optimiser state: the tables (a sharded checkpoint's
+        entity table assembled from its shards), counters and history."""
+        state, shards = self.load_selected(ckpt, lambda k: not _is_optimiser(k))
+        if shards:
+            whole = assemble_shards(shards)
+            state.tables.update({k.removeprefix("table."): v for k, v in whole.items()})
+        return state
 
     # -- retention -------------------------------------------------------------------------------
     def prune(self) -> list[int]:
@@ -378,6 +367,10 @@ class CheckpointStore:
     def best(self) -> Checkpoint | None:
         """The committed checkpoint with the best validation MRR (the earliest on ties)."""
         return _best(self.committed())
+
+
+def _is_optimiser(key: str) -> bool:
+    return key.startswith("optim.") or (key.startswith(SHARD_PREFIX) and ".optim." in key)
 
 
 def _state_of(ckpt: Checkpoint, tensors: dict[str, Tensor]) -> TrainState:

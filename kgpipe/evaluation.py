@@ -10,8 +10,8 @@ per side.
 Against more entities than a block (:data:`BLOCK`, 8,192), a chunk of queries is scored one
 block of candidates at a time, and the better and equal candidates are counted per block. The
 target's score comes from a small product against the targets' rows. It is checked against its
-column in its block, and a chunk where the two differ (another kernel, another rounding) is
-ranked against the whole matrix instead, so the ranks are the same either way. Peak memory is
+column in its block; where the two differ (another kernel, another rounding) that chunk and
+the rest are ranked against the whole matrix instead. Peak memory is
 about ``batch_size x BLOCK x 4`` bytes of scores (``batch_size x num_entities x 4`` on a
 fallback), whatever the size of the evaluation set.
 
@@ -157,13 +157,14 @@ def evaluate(
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     done = 0
     total = 2 * n
+    blocks = [sample is None and num_entities > BLOCK]  # off for good after one fallback
     for side in ("tail", "head"):
         for start in range(0, n, batch_size):
             chunk = triples[start : start + batch_size]
             if part[1] > 1:
                 got = _split_ranks(model, side, chunk, filter_index, part)
             else:
-                got = _chunk_ranks(model, side, chunk, filter_index, sample)
+                got = _chunk_ranks(model, side, chunk, filter_index, sample, blocks)
             ranks[side].append(got.cpu())
             done += int(chunk.shape[0])
             if progress is not None:
@@ -198,7 +199,9 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
     time: the counting stays in cache-sized blocks instead of passes over a ``(b, entities)``
     matrix. The target's score comes from a small product against the targets' rows, and is
     checked against the target's column of its block: ``None`` (the caller then scores the
-    whole matrix) wherever the two differ, so the ranks are those of :func:`realistic_ranks`."""
+    whole matrix) wherever the two differ. The ranks equal :func:`realistic_ranks` on the whole
+    matrix where a block's products round like the whole matrix's (the CPU kernels do: tested
+    against brute force; a GPU library may pick another kernel per shape)."""
     dev = model.entity.device
     n = model.spec.num_entities
     targets = (chunk[:, 2] if side == "tail" else chunk[:, 0]).to(dev)
@@ -230,13 +233,20 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
 
 
 def _chunk_ranks(
-    model: KGEModel, side: str, chunk: Tensor, index: FilterIndex, sample: Tensor | None
+    model: KGEModel,
+    side: str,
+    chunk: Tensor,
+    index: FilterIndex,
+    sample: Tensor | None,
+    blocks: list[bool],
 ) -> Tensor:
-    """This chunk's realistic ranks on ``side``, against all entities or the ``sample``."""
-    if sample is None and model.spec.num_entities > BLOCK:
+    """This chunk's realistic ranks on ``side``, against all entities or the ``sample``; in
+    blocks while ``blocks[0]`` (cleared when a chunk falls back to the whole matrix)."""
+    if blocks[0]:
         got = _blocked_ranks(model, side, chunk, index)
         if got is not None:
             return got
+        blocks[0] = False  # this device rounds the small product differently: not again
     device = model.entity.device
     h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
     if side == "tail":

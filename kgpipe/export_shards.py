@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+from safetensors import safe_open
 from torch import Tensor
 
 from kgpipe.checkpoint import Checkpoint, CheckpointStore
@@ -30,6 +32,7 @@ from kgpipe.errors import RunError
 from kgpipe.export import model_info, relation_labels, table_parquet
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.models.spec import ModelSpec
+from kgpipe.sharded_tensors import SHARD_PREFIX, shard_key
 from kgpipe.storage import RetryPolicy, Store
 
 __all__ = ["ShardedEmbeddings", "export_sharded"]
@@ -56,11 +59,11 @@ def export_sharded(
     meta = {"kgpipe": json.dumps(info)}
     written = []
     entities = vocab.entities
-    for sid, tensors in checkpoints.shards(ckpt):
-        ids = tensors["ids"].numpy()
+    for sid, shard_ids, rows in _shards(checkpoints, ckpt):
+        ids = shard_ids.numpy()
         labels = [entities[i] for i in ids.tolist()]
         rel = f"{PARTS}/part-{sid:06d}.parquet"
-        store.write_bytes(rel, table_parquet(ids, labels, tensors["table.entity"].numpy(), meta))
+        store.write_bytes(rel, table_parquet(ids, labels, rows.numpy(), meta))
         written.append(store.url_of(rel))
         parts += 1
     if not parts:
@@ -77,8 +80,24 @@ def export_sharded(
     return written
 
 
+def _shards(checkpoints: CheckpointStore, ckpt: Checkpoint) -> Iterator[tuple[int, Tensor, Tensor]]:
+    """``(shard, ids, rows)`` of each shard of a sharded checkpoint, one shard in memory at a
+    time (read from the verified files; the optimiser state is not read)."""
+    with checkpoints.verified_files(ckpt) as paths:
+        if paths is None:
+            raise RunError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
+        for path in paths.values():
+            with safe_open(path, framework="pt") as f:
+                keys = [k for k in f.keys() if k.startswith(SHARD_PREFIX)]  # noqa: SIM118
+                for sid in sorted({int(k.split(".")[1]) for k in keys}):
+                    ids = f.get_tensor(shard_key(sid, "ids"))
+                    yield sid, ids, f.get_tensor(shard_key(sid, "table.entity"))
+
+
 def _rows(table: Any) -> tuple[np.ndarray, Tensor]:
     ids = table.column("id").to_numpy().copy()  # writable: torch shares it
+    if not len(ids):  # a shard with no entity (more shards than entities)
+        return ids, torch.zeros(0, 0)
     flat = table.column("embedding").combine_chunks().flatten().to_numpy()
     return ids, torch.from_numpy(flat.reshape(len(ids), -1).copy())
 
@@ -125,7 +144,7 @@ class ShardedEmbeddings:
         relation: int,
         side: str,
         k: int,
-        exclude: set[int] = frozenset(),  # type: ignore[assignment]
+        exclude: Collection[int] = (),
     ) -> tuple[list[float], list[int]]:
         """The ``k`` best-scored answers of ``(anchor, relation, ?)`` (``side="tail"``) or
         ``(?, relation, anchor)`` (``"head"``), best first, leaving out ``exclude``."""
@@ -140,6 +159,8 @@ class ShardedEmbeddings:
         with torch.no_grad():
             for name in self.parts:
                 ids_np, cand = self._part(name)
+                if not len(ids_np):
+                    continue
                 ids = torch.from_numpy(ids_np)
                 scores = (
                     inter.score_tails(a, r, cand)

@@ -91,6 +91,19 @@ def test_a_model_holding_some_rows_is_initialised_as_the_whole_table(init: str) 
         part.score_triples(torch.tensor([[0, 0, 1]]))
 
 
+@pytest.mark.parametrize("rows", [65_537, 131_073, 140_001])
+def test_the_block_wise_draw_is_one_draw_of_the_whole_table(rows: int) -> None:
+    """Blocks of 65,536 rows draw what one call on the table draws (a last block of fewer than
+    16 values, which torch draws another way, joins the block before it)."""
+    cfg = ModelConfig(name="transe", dim=8, init="normal", init_scale=0.5)
+    model = KGEModel.build(cfg, num_entities=rows, num_relations=3, seed=4)
+    gen = torch.Generator().manual_seed(4)
+    entity = torch.empty(rows, 8).normal_(0.0, 0.5, generator=gen)
+    relation = torch.empty(3, 8).normal_(0.0, 0.5, generator=gen)
+    assert torch.equal(model.entity.data, entity)
+    assert torch.equal(model.relation.data, relation)
+
+
 def test_shard_tensors_round_trip_to_the_whole_table_and_to_any_world_size() -> None:
     n, d = 50, 3
     table, slot = torch.randn(n, d), torch.rand(n, d)
@@ -255,3 +268,17 @@ def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
         assert [g["score"] for g in got] == pytest.approx(top.values.tolist(), rel=1e-5)
         side = "tail" if flag == "--head" else "head"
         assert [g[side] for g in got] == [labels[i] for i in top.indices.tolist()]
+
+
+def test_a_failed_sharded_commit_fails_every_rank_as_what_it_was() -> None:
+    """The ranks learn of a commit's failure as (kind, message) and raise it as the class the
+    gang acts on: a fenced writer or a full disk is not retried, other failures are."""
+    from kgpipe.errors import CheckpointError, Fenced, StorageFull
+    from kgpipe.runs.sharded import _describe, _raise
+
+    _raise([], "nothing failed")
+    assert _describe(Fenced("lease lost")) == ("fenced", "lease lost")
+    assert _describe(OSError("disk")) == ("", "OSError: disk")
+    for kind, cls in (("fenced", Fenced), ("full", StorageFull), ("", CheckpointError)):
+        with pytest.raises(cls, match=r"^epoch 3: rank 1: boom$"):
+            _raise([(kind, "rank 1: boom")], "epoch 3")

@@ -14,7 +14,8 @@ replicated strategy):
    its chunks' shared negatives), asks their owners for the rows (one ``all_to_all`` of ids, one of
    rows back), and computes on a compact table of exactly those rows;
 2. **push** -- the row gradients go back to their owners (one ``all_to_all`` of ids and values,
-   packed into one float tensor), which sum them per row in rank order;
+   packed into one float tensor), which sum them per row (in rank order on the CPU; on a GPU
+   ``index_add_`` is deterministic only under ``training.deterministic``);
 3. the owners apply the row-wise optimiser to their rows; the relation table (small) stays
    replicated and its gradient is all-reduced, as under the replicated strategy.
 

@@ -34,10 +34,28 @@ def evaluate_sharded(
     """Filtered metrics of ``triples`` on both sides, like :func:`~kgpipe.evaluation.evaluate`;
     a collective: every rank of the gang calls it with the same triples."""
     triples = triples.long()
+    locate = exchange.index.locate
+    comm = exchange.comm
+    # the validation's fetches are not the next epoch's training traffic
+    counters = (comm.seconds, comm.bytes_sent, comm.calls)
+    try:
+        return _evaluate(model, exchange, triples, filter_index, batch_size, progress, locate)
+    finally:
+        comm.seconds, comm.bytes_sent, comm.calls = counters
+
+
+def _evaluate(
+    model: KGEModel,
+    exchange: ShardedExchange,
+    triples: Tensor,
+    filter_index: FilterIndex,
+    batch_size: int,
+    progress: ProgressFn | None,
+    locate: Any,
+) -> dict[str, Any]:
     n = int(triples.shape[0])
     spec, inter = model.spec, model.interaction
     dev = model.entity.device
-    locate = exchange.index.locate
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     done = 0

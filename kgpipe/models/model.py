@@ -97,8 +97,11 @@ class KGEModel(nn.Module):
         if rows is not None:
             order = torch.argsort(rows)
             by_id = rows[order]
-        for start in range(0, full[0], INIT_BLOCK):
-            stop = min(start + INIT_BLOCK, full[0])
+        starts = list(range(0, full[0], INIT_BLOCK))
+        if len(starts) > 1 and (full[0] - starts[-1]) * full[1] < 16:
+            starts.pop()  # a last block under 16 values would take torch's scalar draw
+        for i, start in enumerate(starts):
+            stop = starts[i + 1] if i + 1 < len(starts) else full[0]
             if rows is None:
                 _draw(self.entity[start:stop], init, scale, full, generator)
                 continue

@@ -10,7 +10,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from kgpipe.checkpoint import TrainState
 from kgpipe.config import RunConfig
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.devices import resolve_device
@@ -79,20 +78,19 @@ def finish_run(
     config, store = run.config, run.store
     checkpoints = run.checkpoints()
     chosen = checkpoints.best() if config.evaluation.patience else None
-    state: TrainState | None = None
     if chosen is not None:
-        state = checkpoints.load(chosen)
         say(f"keeping the best validated model (epoch {chosen.epoch}, MRR {chosen.valid_mrr:.4f})")
     else:
-        found = checkpoints.latest()
-        if found is None and config.training.epochs > 0:
+        chosen = checkpoints.latest_verified()
+        if chosen is None and config.training.epochs > 0:
             raise RunError(f"{run.url}: no committed checkpoint to finish from")
-        chosen, state = found if found else (None, None)
     model = run.new_model()
-    if state is not None:  # else training.epochs == 0: the seeded initial model
+    if chosen is not None:  # else training.epochs == 0: the seeded initial model
+        state = checkpoints.load_tables(chosen)  # the tables only: no optimiser state
         with torch.no_grad():
             model.entity.copy_(state.tables["entity"])
             model.relation.copy_(state.tables["relation"])
+        del state
     save_model(model, store)
     vocab = Vocabulary.read(store.url_of(VOCAB), config.run.storage_options, retry=run.retry)
     results: dict[str, Any] | None = None

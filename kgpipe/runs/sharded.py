@@ -13,7 +13,8 @@ A commit (every ``checkpoint.every`` epochs and at the segment's end) is a colle
 
 The commit is synchronous (the files are written from the live tables between two steps): a
 background upload would have to copy the rows first, and the collectives cannot leave the
-training thread.
+training thread. The ranks wait for the slowest writer in a collective, so
+``distributed.timeout_s`` must exceed the time a rank takes to write and hash its shards.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.distributed as dist
 
 from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState
 from kgpipe.distributed.sharded import ShardedExchange
-from kgpipe.errors import CheckpointError, KgpipeError
+from kgpipe.errors import CheckpointError, Fenced, KgpipeError, StorageFull
 from kgpipe.sharded_tensors import SHARD_PREFIX, local_rows, split_shards
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
@@ -65,19 +66,18 @@ class ShardedCommit(Callback):
     def commit(self, state: TrainState, stats: EpochStats) -> Checkpoint | None:
         ex, store = self.exchange, self.checkpoints
         rank, world = ex.rank, ex.comm.world_size
-        outcome: list[Any] = [None]
+        outcome: list[Any] = [[]]
         if rank == 0:
             try:
                 if store.fence is not None:
                     store.fence()
                 store.discard_uncommitted(state.epoch)
             except Exception as err:  # every rank stops with it
-                outcome[0] = _describe(err)
+                outcome[0] = [_describe(err)]
         dist.broadcast_object_list(outcome, src=0)
-        if outcome[0] is not None:
-            raise CheckpointError(f"rank 0 may not commit epoch {state.epoch}: {outcome[0]}")
+        _raise(outcome[0], f"rank 0 may not commit epoch {state.epoch}")
         name = f"shards-r{rank:04d}-{uuid.uuid4().hex[:12]}.safetensors"
-        written: tuple[str, dict[str, Any] | None, str | None]
+        written: tuple[str, dict[str, Any] | None, tuple[str, str] | None]
         try:
             tensors = self._tensors(state)
             written = (name, store.write_file(state.epoch, name, tensors), None)
@@ -86,7 +86,7 @@ class ShardedCommit(Callback):
             written = (name, None, _describe(err))
         every: list[Any] = [None] * world
         dist.all_gather_object(every, written)
-        errors = [f"rank {r}: {e}" for r, (_, _, e) in enumerate(every) if e is not None]
+        errors = [(e[0], f"rank {r}: {e[1]}") for r, (_, _, e) in enumerate(every) if e]
         ckpt = None
         if rank == 0 and not errors:
             try:
@@ -101,14 +101,11 @@ class ShardedCommit(Callback):
                 with contextlib.suppress(KgpipeError):  # retention is housekeeping
                     store.prune()
             except Exception as err:
-                errors.append(f"rank 0: {_describe(err)}")
+                kind, text = _describe(err)
+                errors.append((kind, f"rank 0: {text}"))
         outcome = [errors]
         dist.broadcast_object_list(outcome, src=0)
-        if outcome[0]:
-            raise CheckpointError(
-                f"the sharded checkpoint of epoch {state.epoch} was not committed: "
-                + "; ".join(outcome[0])
-            )
+        _raise(outcome[0], f"the sharded checkpoint of epoch {state.epoch} was not committed")
         return ckpt
 
     def _tensors(self, state: TrainState) -> dict[str, torch.Tensor]:
@@ -134,16 +131,35 @@ class ShardedCommit(Callback):
         return out
 
 
-def _describe(err: BaseException) -> str:
-    return str(err) if isinstance(err, KgpipeError) else f"{type(err).__name__}: {err}"
+def _describe(err: BaseException) -> tuple[str, str]:
+    """The kind (what the gang makes of it: not retried when fenced or out of space) and the
+    message of a commit's error, to travel to the other ranks."""
+    kind = "fenced" if isinstance(err, Fenced) else "full" if isinstance(err, StorageFull) else ""
+    text = str(err) if isinstance(err, KgpipeError) else f"{type(err).__name__}: {err}"
+    return kind, text
+
+
+def _raise(errors: list[tuple[str, str]], what: str) -> None:
+    """Raise the commit's failure on every rank, as the class the gang treats it by."""
+    if not errors:
+        return
+    message = f"{what}: " + "; ".join(text for _, text in errors)
+    kinds = {kind for kind, _ in errors}
+    if "fenced" in kinds:
+        raise Fenced(message)
+    if "full" in kinds:
+        raise StorageFull(message)
+    raise CheckpointError(message)
 
 
 def load_rank_state(
     checkpoints: CheckpointStore, ckpt: Checkpoint, exchange: ShardedExchange
 ) -> TrainState:
     """This rank's part of checkpoint ``ckpt``: its own entity rows and their optimiser state,
-    and the replicated rest. A sharded checkpoint is read shard by shard (only this rank's,
-    whatever world size wrote it); a replicated one is read whole and sliced."""
+    and the replicated rest. Of a sharded checkpoint only this rank's shards' tensors are read
+    (whatever world size wrote it), though every file is checked against its SHA-256 first (so
+    each rank reads every file once, and a rank's disk must hold the largest file in turn); a
+    replicated checkpoint is read whole and sliced."""
     mine = set(exchange.map.shards_of(exchange.rank))
 
     def keep(key: str) -> bool:
