@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,19 +23,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import commit, hardware, peak_rss, rss, synth_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _peak_rss() -> int:
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _rss() -> int:
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
 
 
 def main() -> None:
@@ -71,17 +59,11 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         graph = Path(args.graph) if args.graph else Path(tmp) / "graph"
-        if not (graph / "train.tsv").exists():
-            subprocess.run(
-                [sys.executable, "-m", "kgpipe.cli", "synth", str(graph), "--entities",
-                 str(args.entities), "--relations", str(args.relations), "--edges",
-                 str(args.edges), "--valid", "0.001", "--test", "0.001", "-q"],
-                check=True,
-            )  # fmt: skip
+        synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
         for strategy in ("replicated", "sharded"):
             with open_cluster("local", workers=args.workers, memory_limit=limit) as client:
                 assert isinstance(client, Client)
-                base = client.run(_rss)
+                base = client.run(rss)
                 tree: dict[str, Any] = {
                     "run": {"root": str(Path(tmp) / "runs"), "name": strategy},
                     "data": {
@@ -112,7 +94,7 @@ def main() -> None:
                         restarts=last.extra.get("restarts"),
                     )
                 row["seconds"] = round(time.perf_counter() - t0, 1)
-                row["worker_peak_rss_bytes"] = list(client.run(_peak_rss).values())
+                row["worker_peak_rss_bytes"] = list(client.run(peak_rss).values())
                 out[strategy] = row
                 print(strategy, json.dumps(row)[:600], flush=True)
         info = json.loads((Path(tmp) / "runs" / "sharded" / "data.json").read_text())

@@ -73,3 +73,31 @@ def report(result: dict[str, Any], path: str | None) -> None:
     print(text)
     if path:
         Path(path).write_text(text + "\n")
+
+
+def peak_rss() -> int:
+    """This process's lifetime peak resident set in bytes (Linux: ru_maxrss in KiB)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def rss() -> int:
+    """This process's resident set in bytes now."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def synth_graph(graph: Path, *, entities: int, relations: int, edges: int) -> None:
+    """A ``kgpipe synth`` graph in ``graph`` (kept when it is there already), 0.1 % valid/test."""
+    import sys
+
+    if (graph / "train.tsv").exists():
+        return
+    subprocess.run(
+        [sys.executable, "-m", "kgpipe.cli", "synth", str(graph), "--entities", str(entities),
+         "--relations", str(relations), "--edges", str(edges), "--valid", "0.001", "--test",
+         "0.001", "-q"],
+        check=True,
+    )  # fmt: skip

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,20 +24,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import commit, hardware, peak_rss, rss, synth_graph
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def _peak_rss() -> int:
-    """This process's lifetime peak resident set in bytes (Linux: ru_maxrss in KiB)."""
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _rss() -> int:
-    import psutil
-
-    return int(psutil.Process().memory_info().rss)
 
 
 def main() -> None:
@@ -77,17 +64,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         graph = Path(args.graph) if args.graph else Path(tmp) / "graph"
         t0 = time.perf_counter()
-        if not (graph / "train.tsv").exists():
-            subprocess.run(
-                [sys.executable, "-m", "kgpipe.cli", "synth", str(graph), "--entities",
-                 str(args.entities), "--relations", str(args.relations), "--edges",
-                 str(args.edges), "--valid", "0.001", "--test", "0.001", "-q"],
-                check=True,
-            )  # fmt: skip
+        synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
         synth_s = time.perf_counter() - t0
         with open_cluster("local", workers=args.workers) as client:
             assert isinstance(client, Client)
-            base = client.run(_rss)  # each worker before the run: interpreter, torch, Dask
+            base = client.run(rss)  # each worker before the run: interpreter, torch, Dask
             tree: dict[str, Any] = {
                 "run": {"root": str(Path(tmp) / "runs"), "name": "mem"},
                 "data": {
@@ -114,12 +95,12 @@ def main() -> None:
             t0 = time.perf_counter()
             result = train(config)
             train_s = time.perf_counter() - t0
-            peaks = client.run(_peak_rss)
+            peaks = client.run(peak_rss)
         resumed: dict[str, Any] = {}
         if args.resume:  # new processes, so that their peaks are the resume's alone
             with open_cluster("local", workers=args.workers) as client:
                 assert isinstance(client, Client)
-                before = client.run(_rss)
+                before = client.run(rss)
                 tree["distributed"]["cluster"] = str(client.scheduler.address)
                 tree["training"]["epochs"] = 2
                 t0 = time.perf_counter()
@@ -127,7 +108,7 @@ def main() -> None:
                 resumed = {
                     "seconds": round(time.perf_counter() - t0, 1),
                     "worker_rss_before_bytes": list(before.values()),
-                    "worker_peak_rss_bytes": list(client.run(_peak_rss).values()),
+                    "worker_peak_rss_bytes": list(client.run(peak_rss).values()),
                 }
         info = json.loads((Path(tmp) / "runs" / "mem" / "data.json").read_text())
     n, r = int(info["num_entities"]), int(info["num_relations"])
