@@ -112,6 +112,8 @@ class ShardedExchange(Exchange):
         self.rank = rank
         self.own = shard_map.owned(rank).to(comm.device)  # the local table's ids, in order
         self.index = LocalIndex(self.own)
+        # where the ids of a step live: no host round trip per step on a GPU
+        self._shard_of = shard_map.shard_of.to(comm.device)
         self.relations = StepExchange(comm, mode="dense", dense_tables=("relation",))
         self._touched: Tensor | None = None
         self._trainer: Trainable | None = None
@@ -120,6 +122,9 @@ class ShardedExchange(Exchange):
     def bind(self, trainer: Trainable) -> None:
         self._trainer = trainer
         self.relations.bind(trainer)
+
+    def _owner(self, ids: Tensor) -> Tensor:
+        return (self._shard_of[ids] % self.comm.world_size).long()
 
     # -- collectives ---------------------------------------------------------------------------
     def _exchange(
@@ -147,7 +152,7 @@ class ShardedExchange(Exchange):
         """The current rows of the unique entity ``ids`` from their owners (a collective: every
         rank calls it, each with its own ids)."""
         assert self._trainer is not None, "bind the exchange first"
-        owners = self.map.owner(ids)
+        owners = self._owner(ids)
         order = torch.argsort(owners, stable=True)
         counts = torch.bincount(owners, minlength=self.comm.world_size)
         asked, asked_counts = self._exchange(ids[order], counts)
@@ -182,7 +187,7 @@ class ShardedExchange(Exchange):
         assert self._touched is not None, "pull before step"
         g = grads["entity"]
         ids = self._touched[g.rows]
-        owners = self.map.owner(ids)
+        owners = self._owner(ids)
         order = torch.argsort(owners, stable=True)
         counts = torch.bincount(owners, minlength=self.comm.world_size)
         # int64 ids travel bit-exactly as two float32 columns beside the values
