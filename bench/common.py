@@ -89,8 +89,11 @@ def rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def synth_graph(graph: Path, *, entities: int, relations: int, edges: int) -> None:
-    """A ``kgpipe synth`` graph in ``graph`` (kept when it is there already), 0.1 % valid/test."""
+def synth_graph(
+    graph: Path, *, entities: int, relations: int, edges: int, exponent: float = 1.1
+) -> None:
+    """A ``kgpipe synth`` graph in ``graph`` (kept when it is there already), 0.1 % valid/test;
+    ``exponent`` is the power law's (lower: more of the entities appear in some edge)."""
     import sys
 
     if (graph / "train.tsv").exists():
@@ -98,6 +101,6 @@ def synth_graph(graph: Path, *, entities: int, relations: int, edges: int) -> No
     subprocess.run(
         [sys.executable, "-m", "kgpipe.cli", "synth", str(graph), "--entities", str(entities),
          "--relations", str(relations), "--edges", str(edges), "--valid", "0.001", "--test",
-         "0.001", "-q"],
+         "0.001", "--exponent", str(exponent), "-q"],
         check=True,
     )  # fmt: skip

@@ -2,7 +2,8 @@
 # The checks that need a CUDA GPU, as one prepared command (nothing here runs in CI):
 #   bash bench/gpu_check.sh            # from the checkout root, on a machine with a GPU
 # 1. the GPU tests (GPU against CPU training, fp32 and bf16; the dask-cuda rank);
-# 2. a LocalCUDACluster + NCCL gang of one worker training the UMLS demo config;
+# 2. a LocalCUDACluster + NCCL gang of one worker training the UMLS demo config, and one of the
+#    sharded strategy (FB15k-237 TransE, 3 epochs);
 # 3. training speed (TransE and ComplEx, bench/speed.py: on the GPU at batch 1024 and 8192, and on
 #    the host's CPU cores as this machine's baseline) and full filtered evaluation speed
 #    (bench/eval_speed.py) on the GPU;
@@ -56,6 +57,24 @@ manifest = json.loads(sorted((run / "checkpoints").glob("*/manifest.json"))[-1].
 record = {"test_mrr": results["mrr"], "epochs": len(metrics),
           "triples_per_s": [m["triples_per_s"] for m in metrics],
           "world_size": manifest["world_size"], "sync": manifest["sync"]}
+out.write_text(json.dumps(record, indent=2) + "\n")
+print(record)
+PYEOF
+    # the sharded strategy on NCCL (all_to_all_single of the rows and gradients; a gang of one,
+    # since two ranks may not share this GPU), 3 epochs of FB15k-237 TransE, then the test split
+    step "LocalCUDACluster + NCCL sharded gang of one" 300 "$PY" -m kgpipe.cli train --no-prefect \
+        -q -c configs/fb15k237-transe.yaml --set data.root="$DATA" --set distributed.cluster=cuda \
+        --set distributed.workers=1 --set distributed.strategy=sharded --set training.epochs=3 \
+        --set evaluation.every=0 --set run.root="$TMP/runs" --set run.name=cuda-sharded
+    "$PY" - "$TMP/runs/cuda-sharded" "$RESULTS/gpu_cuda_sharded_fb15k237.json" <<'PYEOF' || failed+=("sharded record")
+import json, sys
+from pathlib import Path
+run, out = Path(sys.argv[1]), Path(sys.argv[2])
+results = json.loads((run / "results.json").read_text())
+metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+record = {"test_mrr": results["mrr"], "epochs": len(metrics),
+          "triples_per_s": [m["triples_per_s"] for m in metrics],
+          "layout": json.loads((run / "embeddings" / "model.json").read_text()).get("layout")}
 out.write_text(json.dumps(record, indent=2) + "\n")
 print(record)
 PYEOF

@@ -37,6 +37,12 @@ def main() -> None:
     p.add_argument("--relations", type=int, default=50)
     p.add_argument("--edges", type=int, default=4_400_000)
     p.add_argument("--dim", type=int, default=100)
+    p.add_argument(
+        "--exponent",
+        type=float,
+        default=1.1,
+        help="the synthetic graph's power law (0.2 with 6M edges: 4.2M of 4.6M entities appear)",
+    )
     p.add_argument("--model", default="transe")
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--workers", type=int, default=2)
@@ -64,7 +70,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         graph = Path(args.graph) if args.graph else Path(tmp) / "graph"
         t0 = time.perf_counter()
-        synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
+        synth_graph(
+            graph,
+            entities=args.entities,
+            relations=args.relations,
+            edges=args.edges,
+            exponent=args.exponent,
+        )
         synth_s = time.perf_counter() - t0
         with open_cluster("local", workers=args.workers) as client:
             assert isinstance(client, Client)
