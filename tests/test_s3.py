@@ -187,13 +187,24 @@ def test_s3_outage_during_staging(
             outage()
         real_write(self, rel, data)
 
+    import kgpipe.data.columnar as columnar
+
+    real_open = columnar.opened
+
+    def opened(url: str, *args: Any, **kwargs: Any) -> Any:  # the columnar reader's streams
+        if when.startswith("reading") and url.endswith("outage/data/train.tsv"):
+            outage()
+        return real_open(url, *args, **kwargs)
+
     data_io.read_url = read_url  # type: ignore[assignment]
+    columnar.opened = opened  # type: ignore[assignment]
     Store.write_bytes = write_bytes  # type: ignore[method-assign]
     try:
         with caplog.at_level(logging.WARNING, logger="kgpipe.storage"):
             result = train(config("s3://kgpipe/outage/runs", "stormy", opts))
     finally:
         data_io.read_url = real_read  # type: ignore[assignment]
+        columnar.opened = real_open  # type: ignore[assignment]
         Store.write_bytes = real_write  # type: ignore[method-assign]
         if "thread" in seen:
             seen["thread"].join()

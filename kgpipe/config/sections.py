@@ -142,6 +142,34 @@ class DataConfig(Frozen):
     storage_options: dict[str, Any] = Field(
         default_factory=dict, description="fsspec storage options for the data URLs."
     )
+    block_size: str = Field(
+        default="64MiB",
+        description=(
+            "Text read and parsed at a time by the columnar reader of tab-separated files (Dask's "
+            "notation: `64MiB`, `1GB`): staging holds one block, the distinct labels and the "
+            "int64 ids of the triples, never a Python string per field."
+        ),
+    )
+
+    @field_validator("block_size")
+    @classmethod
+    def _block(cls, value: str) -> str:
+        from dask.utils import parse_bytes
+
+        try:
+            size = parse_bytes(str(value))
+        except (ValueError, TypeError):
+            raise ValueError(f"{value!r} is not a size (e.g. 64MiB, 256MB)") from None
+        if not 1 << 16 <= size < 1 << 31:
+            raise ValueError(f"data.block_size must be from 64KiB to below 2GiB, not {value!r}")
+        return str(value)
+
+    @property
+    def block_size_bytes(self) -> int:
+        """``block_size`` in bytes."""
+        from dask.utils import parse_bytes
+
+        return int(parse_bytes(self.block_size))
 
     @field_serializer("storage_options", when_used="json")
     def _hide_secrets(self, value: dict[str, Any]) -> Any:

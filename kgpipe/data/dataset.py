@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,10 +10,8 @@ import numpy as np
 import torch
 
 from kgpipe.config import DataConfig
-from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
-from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
-from kgpipe.data.formats.header import detect_header, header_mode, without_first
-from kgpipe.data.io import read_bytes
+from kgpipe.data.benchmarks import SPLITS
+from kgpipe.data.reading import Parsed, read_splits, sources
 from kgpipe.data.split import split_record, split_triples
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
@@ -136,76 +133,17 @@ def _header_note(rep: SplitReport) -> str:
     return ""
 
 
-@dataclass(frozen=True)
-class _Source:
-    split: str
-    url: str
-    storage_options: dict[str, Any] | None
-    benchmark: str | None  # set when the file is a published benchmark split (checksum-verified)
-
-
-def _sources(cfg: DataConfig) -> list[_Source]:
-    urls: dict[str, str] = {}
-    name: str | None = None
-    so: dict[str, Any] | None = cfg.storage_options or None
-    out: list[_Source] = []
-    if cfg.dataset is not None:
-        name = canonical_benchmark_name(cfg.dataset)
-        urls = resolve_benchmark(name, cfg.root)
-    for split in SPLITS:
-        override: str | None = getattr(cfg, split)
-        if override is not None:
-            out.append(_Source(split, override, so, None))
-        elif name is not None:
-            # The bundled copies are local package files: no storage options apply to them.
-            out.append(_Source(split, urls[split], so if cfg.root is not None else None, name))
-    return out
-
-
-def _parse(
-    src: _Source, cfg: DataConfig, retry: RetryPolicy | None
-) -> tuple[LabeledTriples, str, bool, str]:
-    """The file's triples, its SHA-256, and ``(header, how)`` (see :func:`header_mode`)."""
-    data = read_bytes(src.url, src.storage_options, retry=retry)
-    digest = hashlib.sha256(data).hexdigest()
-    if src.benchmark is not None:
-        expected = BENCHMARKS[src.benchmark][src.split]
-        if digest != expected:
-            raise DataError(
-                src.url,
-                f"checksum mismatch: expected {expected}, got {digest} — the file is not the "
-                f"published {src.benchmark} {src.split} split",
-            )
-        # Published benchmarks are plain TSV whatever the options for the user's own files say.
-        triples = parse_triples(
-            data, source=src.url, fmt="tsv", delimiter=None, header=False, columns=None
-        )
-        return triples, digest, False, "benchmark"
-    fmt = detect_format(src.url, cfg.format)
-    header, how = header_mode(fmt, cfg.header, cfg.columns)
-    triples = parse_triples(
-        data,
-        source=src.url,
-        fmt=fmt,
-        delimiter=cfg.delimiter,
-        header=header,
-        columns=cfg.columns,
-        literals=cfg.literals,
-    )
-    return triples, digest, header, how
-
-
-def _ids(labels: list[str], index: Mapping[str, int]) -> np.ndarray:
-    return np.fromiter(map(index.__getitem__, labels), dtype=np.int64, count=len(labels))
-
-
 def _first_occurrences(rows: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
     """Sorted indices of the first occurrence of every distinct row of an ``[n, 3]`` array."""
     if len(rows) == 0:
         return np.arange(0, dtype=np.int64)
     if num_entities * num_entities * max(num_relations, 1) < 2**62:
-        keys = (rows[:, 0] * num_relations + rows[:, 1]) * num_entities + rows[:, 2]
+        keys = rows[:, 0] * num_relations  # in place from here: one array of n keys
+        keys += rows[:, 1]
+        keys *= num_entities
+        keys += rows[:, 2]
         _, first = np.unique(keys, return_index=True)
+        del keys
     else:
         _, first = np.unique(rows, axis=0, return_index=True)
     first.sort()
@@ -228,56 +166,21 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     mismatches and (with ``unseen="error"``) unseen entities/relations. Reads from object
     stores are retried by ``retry`` (the run's ``fault_tolerance`` storage policy).
     """
-    sources = _sources(cfg)
-    parsed: dict[str, LabeledTriples] = {}
-    digests: dict[str, str] = {}
-    headers: dict[str, tuple[bool, str]] = {}
-    by_split = {src.split: src for src in sources}
-    for src in sources:  # train first: header detection in valid/test compares with train
-        lt, digests[src.split], header, how = _parse(src, cfg, retry)
-        if how == "auto":
-            header = detect_header(lt, parsed.get("train"))
-            if header:
-                lt = without_first(lt, src.url)
-        parsed[src.split], headers[src.split] = lt, (header, how)
-
-    train = parsed["train"]
-    if not train.heads:
-        raise DataError(
-            by_split["train"].url,
-            f"no triples left: all {train.literals_dropped:,} statements have a literal object "
-            "(set data.literals: keep to keep literals as entities)",
-        )
-
-    # Provisional ids: train labels sorted, then the labels seen only in valid/test, sorted.
-    train_entities = set(train.heads)
-    train_entities.update(train.tails)
-    train_relations = set(train.relations)
-    extra_entities: set[str] = set()
-    extra_relations: set[str] = set()
-    for split in ("valid", "test"):
-        if split in parsed:
-            lt = parsed[split]
-            extra_entities.update(lt.heads)
-            extra_entities.update(lt.tails)
-            extra_relations.update(lt.relations)
-    full = Vocabulary.from_labels(train_entities, train_relations, extra_entities, extra_relations)
-    n_train_entities = len(train_entities)
-    n_train_relations = len(train_relations)
-    ent_index = full.entity_index
-    rel_index = full.relation_index
+    srcs = sources(cfg)
+    by_split = {src.split: src for src in srcs}
+    parsed = read_splits(srcs, cfg, retry)
+    full = parsed.vocab
+    n_train_entities, n_train_relations = parsed.train_entities, parsed.train_relations
 
     tensors: dict[str, torch.Tensor] = {}
     reports: dict[str, SplitReport] = {}
-    for split, lt in parsed.items():
+    for split in list(parsed.rows):
         src = by_split[split]
-        rows = np.stack(
-            [_ids(lt.heads, ent_index), _ids(lt.relations, rel_index), _ids(lt.tails, ent_index)],
-            axis=1,
-        )
+        rows = parsed.rows.pop(split)  # one copy of a split's ids at a time
         first = _first_occurrences(rows, full.num_entities, full.num_relations)
         duplicates = len(rows) - len(first)
-        rows = rows[first]
+        if duplicates:
+            rows = rows[first]
         unseen = 0
         action = "n/a"
         if split != "train":
@@ -289,21 +192,21 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
             )
             unseen = int(mask.sum())
             if unseen and action == "error":
-                _raise_unseen(src.url, lt, rows, first, mask, full, n_train_entities, unseen)
+                _raise_unseen(src.url, parsed, split, rows, first, mask, n_train_entities, unseen)
             if unseen and action == "drop":
                 rows = rows[~mask]
         tensors[split] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
         reports[split] = SplitReport(
             source=src.url,
-            lines=len(lt) + lt.literals_dropped,
+            lines=parsed.lines[split],
             triples=len(rows),
             duplicates=duplicates,
             unseen=unseen,
             unseen_action=action,
-            literals_dropped=lt.literals_dropped,
-            sha256=digests[split],
-            header=headers[split][0],
-            header_detected=headers[split][1],
+            literals_dropped=parsed.literals_dropped[split],
+            sha256=parsed.digests[split],
+            header=parsed.headers[split][0],
+            header_detected=parsed.headers[split][1],
         )
     split_info = _split(cfg, tensors, reports) if cfg.split is not None else None
 
@@ -316,8 +219,8 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
         )
 
     fingerprint = hashlib.sha256()
-    for split in parsed:
-        fingerprint.update(f"{split}\t{digests[split]}\n".encode())
+    for split in parsed.digests:
+        fingerprint.update(f"{split}\t{parsed.digests[split]}\n".encode())
     if cfg.split is not None:
         fingerprint.update(
             f"split\t{cfg.split.valid}\t{cfg.split.test}\t{cfg.split.seed}\n".encode()
@@ -366,14 +269,15 @@ def _split(
 
 def _raise_unseen(
     url: str,
-    lt: LabeledTriples,
+    parsed: Parsed,
+    split: str,
     rows: np.ndarray,
     first: np.ndarray,
     mask: np.ndarray,
-    vocab: Vocabulary,
     n_train_entities: int,
     count: int,
 ) -> None:
+    vocab = parsed.vocab
     pos = int(np.flatnonzero(mask)[0])
     src_index = int(first[pos])
     h, r, t = (int(x) for x in rows[pos])
@@ -384,10 +288,11 @@ def _raise_unseen(
     else:
         what = f"relation {vocab.relations[r]!r}"
     plural = "triple uses" if count == 1 else "triples use"
+    line, excerpt = parsed.where(split, src_index)
     raise DataError(
         url,
         f"{count:,} {plural} an entity or relation not in train (first: {what}); "
         "set data.unseen to 'keep' or 'drop' to accept them",
-        line=lt.line_numbers[src_index],
-        excerpt="\t".join((lt.heads[src_index], lt.relations[src_index], lt.tails[src_index])),
+        line=line,
+        excerpt=excerpt,
     )

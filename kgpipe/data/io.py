@@ -7,16 +7,24 @@ line-numbered error messages simple and is faster than streaming for the sizes i
 from __future__ import annotations
 
 import bz2
+import contextlib
 import gzip
 import lzma
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kgpipe.errors import DataError, StorageAccessDenied, StorageError
 from kgpipe.storage import RetryPolicy, read_url
 
-__all__ = ["COMPRESSIONS", "decompress", "read_bytes", "split_compression"]
+__all__ = [
+    "COMPRESSIONS",
+    "Fallback",
+    "decompress",
+    "read_bytes",
+    "reading_errors",
+    "split_compression",
+]
 
 #: File-name suffix (lower case) -> compression name.
 COMPRESSIONS: dict[str, str] = {
@@ -104,6 +112,34 @@ def decompress(data: bytes, compression: str | None, *, source: str) -> bytes:
         raise DataError(source, f"cannot decompress ({compression}): {detail}") from None
 
 
+class Fallback(Exception):
+    """A file has a line the columnar reader does not take as the line parser would
+    (:mod:`kgpipe.data.columnar`): read it with the line parser."""
+
+
+@contextlib.contextmanager
+def reading_errors(url: str) -> Iterator[None]:
+    """Faults of reading ``url`` as :class:`~kgpipe.errors.DataError` (missing, unreadable, denied);
+    :class:`~kgpipe.errors.StorageError` (unreachable after the retries) passes through."""
+    try:
+        yield
+    except StorageAccessDenied as err:  # wrong credentials: the input cannot be read, ever
+        detail = "access denied" + str(err).partition("access denied")[2]
+        raise DataError(url, f"cannot read: {detail}") from None
+    except (StorageError, DataError, Fallback):  # unreachable after the retries: maybe later
+        raise
+    except FileNotFoundError:
+        raise DataError(url, "file not found") from None
+    except IsADirectoryError:
+        raise DataError(url, "cannot read: it is a directory, not a file") from None
+    except OSError as err:
+        raise DataError(url, f"cannot read: {err}") from None
+    except (ValueError, ImportError) as err:  # unknown protocol, missing fsspec backend
+        raise DataError(url, f"cannot read: {err}") from None
+    except Exception as err:  # back-end errors outside OSError (e.g. botocore: no credentials)
+        raise DataError(url, f"cannot read: {type(err).__name__}: {err}") from None
+
+
 def read_bytes(
     url: str, storage_options: dict[str, Any] | None = None, *, retry: RetryPolicy | None = None
 ) -> bytes:
@@ -118,21 +154,6 @@ def read_bytes(
     Raises :class:`~kgpipe.errors.DataError` when the file is missing, unreadable or corrupt, and
     :class:`~kgpipe.errors.StorageError` when the store stays unreachable.
     """
-    try:
+    with reading_errors(url):
         raw = read_url(url, storage_options, retry=retry)
-    except StorageAccessDenied as err:  # wrong credentials: the input cannot be read, ever
-        detail = "access denied" + str(err).partition("access denied")[2]
-        raise DataError(url, f"cannot read: {detail}") from None
-    except StorageError:  # unreachable after the retries: maybe later (a task may retry)
-        raise
-    except FileNotFoundError:
-        raise DataError(url, "file not found") from None
-    except IsADirectoryError:
-        raise DataError(url, "cannot read: it is a directory, not a file") from None
-    except OSError as err:
-        raise DataError(url, f"cannot read: {err}") from None
-    except (ValueError, ImportError) as err:  # unknown protocol, missing fsspec backend
-        raise DataError(url, f"cannot read: {err}") from None
-    except Exception as err:  # back-end errors outside OSError (e.g. botocore: no credentials)
-        raise DataError(url, f"cannot read: {type(err).__name__}: {err}") from None
     return decompress(raw, split_compression(url)[1], source=url)

@@ -1,0 +1,328 @@
+"""Columnar staging of tab-separated triples with pyarrow, for graphs of any size.
+
+The line parser (:mod:`kgpipe.data.formats`) holds the whole file's text and a Python string for
+every field of every line: about 250 bytes per triple, 25 GB for 100M edges. This reader takes the
+same files as blocks of ``data.block_size`` bytes through pyarrow's streaming CSV reader (parsed
+on pyarrow's threads) and holds, beyond one block, only the distinct labels and the ``int64``
+ids:
+
+1. **Scan** each file once: its rows, its distinct entity and relation labels (``unique`` per
+   block, merged as they grow), the SHA-256 of its (decompressed) bytes and its first row (for
+   ``data.header: auto``).
+2. **Ids** as :class:`~kgpipe.data.vocab.Vocabulary` assigns them: train labels sorted, then the
+   labels seen only in valid/test, sorted. pyarrow sorts strings by their UTF-8 bytes, which is
+   the code point order Python's ``sorted`` uses, so the ids are the line parser's.
+3. **Map** each file again, block by block, with ``index_in`` against the sorted labels, into one
+   array per split allocated from the scan's row count.
+
+The rules are the line parser's: ``#`` lines, empty and whitespace-only lines are skipped, a leading
+BOM is dropped, CRLF and LF both end lines, fields are taken as they are (no quoting). A line the
+fast reader would not take as the line parser does (a wrong number of fields, an empty or blank
+label, invalid UTF-8) stops it: :func:`kgpipe.data.reading.locate_problem` then reads the file once more, a line at a
+time in constant memory, and raises the line parser's own error with its line number; when it
+finds none (a lone carriage return, say) the caller falls back to the line parser. Files that
+change between the two reads are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import lzma
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+from fsspec.core import url_to_fs
+
+from kgpipe.data.formats.header import HEADER_NAMES, is_column_name, normalize
+from kgpipe.data.io import Fallback, reading_errors, split_compression
+from kgpipe.endpoints import check_reachable
+from kgpipe.errors import DataError
+from kgpipe.retry import RetryPolicy, retrying
+
+__all__ = [
+    "FileScan",
+    "columnar_ids",
+    "opened",
+    "scan_file",
+    "sorted_labels",
+]
+
+_NAMES = ["h", "r", "t"]
+
+
+@dataclass(frozen=True)
+class FileScan:
+    """One file's first read: what the ids and the report need."""
+
+    url: str
+    rows: int  # triples, duplicates included, the header row excluded
+    entities: pa.Array  # distinct entity labels (no order)
+    relations: pa.Array
+    sha256: str
+    header: bool
+
+
+class _Hashing:
+    """A binary reader that hashes what it hands on."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self.sha = f, hashlib.sha256()
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.sha.update(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@contextlib.contextmanager
+def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
+    """The decompressed bytes of ``url``; read and decompression faults as :class:`DataError`."""
+    compression = split_compression(url)[1]
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    with fs.open(path, "rb") as raw:
+        if compression is None:
+            yield raw
+            return
+        from fsspec.compression import compr
+
+        if compr.get(compression) is None:
+            raise DataError(url, f"cannot decompress ({compression}): its package is not installed")
+        try:
+            yield compr[compression](raw, mode="rb")
+        except (EOFError, zlib.error, lzma.LZMAError) as err:
+            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
+        except OSError as err:
+            if isinstance(err, FileNotFoundError | PermissionError | ConnectionError):
+                raise
+            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
+
+
+def _remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def _retried(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    retry: RetryPolicy | None,
+    fn: Callable[[], Any],
+) -> Any:
+    """``fn()``, retried like :func:`kgpipe.storage.read_url` for files on an object store, its
+    faults as :class:`DataError`."""
+    with reading_errors(url):
+        if not _remote(url):
+            return fn()
+        fs, _ = url_to_fs(url, **(storage_options or {}))
+        check_reachable(fs, url)
+        return retrying(fn, what=f"read {url}", policy=retry or RetryPolicy())
+
+
+def _batches(
+    f: _Hashing, url: str, delimiter: str, block_size: int
+) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
+    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped."""
+
+    def invalid(row: Any) -> str:
+        text = row.text or ""
+        return "skip" if text[:1] == "#" or text.isspace() else "error"
+
+    try:
+        reader = pcsv.open_csv(
+            f,
+            read_options=pcsv.ReadOptions(column_names=_NAMES, block_size=block_size),
+            parse_options=pcsv.ParseOptions(
+                delimiter=delimiter,
+                quote_char=False,
+                double_quote=False,
+                escape_char=False,
+                ignore_empty_lines=True,
+                invalid_row_handler=invalid,
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types={c: pa.large_string() for c in _NAMES}, strings_can_be_null=False
+            ),
+        )
+    except pa.ArrowInvalid:  # the first block: a wrong field count, invalid UTF-8
+        raise Fallback(url) from None
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except pa.ArrowInvalid:  # a wrong field count, invalid UTF-8
+            raise Fallback(url) from None
+        h, r, t = (batch.column(i) for i in range(3))
+        comment = pc.starts_with(h, "#")
+        if pc.any(comment).as_py():  # a `#` line that happens to have three fields
+            keep = pc.invert(comment)
+            h, r, t = (pc.filter(x, keep) for x in (h, r, t))
+        for col in (h, r, t):
+            if pc.any(pc.or_(pc.equal(pc.utf8_length(col), 0), pc.utf8_is_space(col))).as_py():
+                raise Fallback(url)
+        yield h, r, t
+
+
+def _merged(parts: list[pa.Array]) -> pa.Array:
+    out = pc.unique(pa.chunked_array(parts, type=pa.large_string()))
+    return out.combine_chunks() if isinstance(out, pa.ChunkedArray) else out
+
+
+class _Distinct:
+    """Distinct labels over blocks: merged when the pending blocks outgrow the merged set."""
+
+    def __init__(self) -> None:
+        self.done: pa.Array = pa.array([], pa.large_string())
+        self.pending: list[pa.Array] = []
+        self.size = 0
+
+    def add(self, values: pa.Array) -> None:
+        self.pending.append(pc.unique(values))
+        self.size += len(self.pending[-1])
+        if self.size > max(len(self.done), 1 << 16):
+            self.done, self.pending, self.size = _merged([self.done, *self.pending]), [], 0
+
+    def result(self) -> pa.Array:
+        return _merged([self.done, *self.pending])
+
+
+def _first_is_header(
+    first: tuple[str, str, str], counts: dict[str, int], rows: int, relations: int, train: Any
+) -> bool:
+    """:func:`kgpipe.data.formats.header.detect_header` from counts (``train``: its FileScan)."""
+    if len(set(first)) < 3 or not all(map(is_column_name, first)):
+        return False
+    if all(normalize(x) in HEADER_NAMES for x in first):
+        return True
+    if rows < 3:
+        return False
+    if counts["r"] > 1 or counts["hh"] > 1 or counts["ht"] or counts["th"] or counts["tt"] > 1:
+        return False
+    if train is None:
+        return rows - 1 >= 2 * (relations - 1)
+    h, r, t = first
+    if pc.any(pc.is_in(pa.array([h, t], pa.large_string()), value_set=train.entities)).as_py():
+        return False
+    if pc.any(pc.is_in(pa.array([r], pa.large_string()), value_set=train.relations)).as_py():
+        return False
+    return train.rows >= 2 * len(train.relations)
+
+
+def scan_file(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    *,
+    delimiter: str,
+    header: bool | str,
+    block_size: int,
+    train: FileScan | None = None,
+    retry: RetryPolicy | None = None,
+) -> FileScan:
+    """The first read of a file (``header``: True, False or ``"auto"``; ``train``: the train
+    file's scan when this is valid/test). Raises :class:`Fallback` on a line to hand to
+    :func:`locate_problem`."""
+
+    def scan() -> FileScan:
+        ents, rels = _Distinct(), _Distinct()
+        rows = 0
+        first: tuple[str, str, str] | None = None
+        skip = header is True
+        counts = {"hh": 0, "ht": 0, "th": 0, "tt": 0, "r": 0}
+        with opened(url, storage_options) as raw:
+            f = _Hashing(raw)
+            for h, r, t in _batches(f, url, delimiter, block_size):
+                if first is None and len(h):
+                    first = (h[0].as_py(), r[0].as_py(), t[0].as_py())
+                    names = all(normalize(x) in HEADER_NAMES for x in first)
+                    like = len(set(first)) == 3 and all(map(is_column_name, first))
+                    if skip or (header == "auto" and names and like):
+                        skip = True  # a header row: its labels are not the graph's
+                        h, r, t = h[1:], r[1:], t[1:]
+                if header == "auto" and not skip and first is not None:
+                    fh, fr, ft = (pa.scalar(x) for x in first)
+                    for key, col, x in (("hh", h, fh), ("ht", t, fh), ("th", h, ft)):
+                        counts[key] += pc.sum(pc.equal(col, x)).as_py() or 0
+                    counts["tt"] += pc.sum(pc.equal(t, ft)).as_py() or 0
+                    counts["r"] += pc.sum(pc.equal(r, fr)).as_py() or 0
+                rows += len(h)
+                ents.add(pa.concat_arrays([h, t]))
+                rels.add(r)
+            sha = f.sha.hexdigest()
+        entities, relations = ents.result(), rels.result()
+        is_header = skip
+        if not skip and header == "auto" and first is not None:
+            is_header = _first_is_header(first, counts, rows, len(relations), train)
+            if is_header:  # its labels occur nowhere else in the file
+                rows -= 1
+                entities = pc.filter(
+                    entities, pc.invert(pc.is_in(entities, pa.array(first, pa.large_string())))
+                )
+                relations = pc.filter(relations, pc.not_equal(relations, first[1]))
+        if is_header and rows == 0:
+            raise DataError(url, "no triples found (the file has only a header row)")
+        return FileScan(url, rows, entities, relations, sha, is_header)
+
+    result: FileScan = _retried(url, storage_options, retry, scan)
+    return result
+
+
+def sorted_labels(values: pa.Array) -> pa.Array:
+    """``values`` in code point order (pyarrow compares UTF-8 bytes: the same order)."""
+    return pc.take(values, pc.array_sort_indices(values))
+
+
+def columnar_ids(
+    scan: FileScan,
+    storage_options: dict[str, Any] | None,
+    *,
+    delimiter: str,
+    block_size: int,
+    entities: pa.Array,
+    relations: pa.Array,
+    retry: RetryPolicy | None = None,
+) -> np.ndarray:
+    """The file's triples as ``[rows, 3]`` int64 ids (positions in ``entities``/``relations``),
+    in file order, duplicates included."""
+    url = scan.url
+
+    def ids() -> np.ndarray:
+        out = np.empty((scan.rows, 3), dtype=np.int64)
+        pos = 0
+        skip = scan.header
+        with opened(url, storage_options) as raw:
+            f = _Hashing(raw)
+            for h, r, t in _batches(f, url, delimiter, block_size):
+                if skip and len(h):
+                    h, r, t, skip = h[1:], r[1:], t[1:], False
+                k = len(h)
+                if pos + k > scan.rows:
+                    break
+                both = pc.index_in(pa.concat_arrays([h, t]), value_set=entities)
+                rel = pc.index_in(r, value_set=relations)
+                if both.null_count or rel.null_count:
+                    break
+                both_np = both.to_numpy(zero_copy_only=False)
+                out[pos : pos + k, 0] = both_np[:k]
+                out[pos : pos + k, 2] = both_np[k:]
+                out[pos : pos + k, 1] = rel.to_numpy(zero_copy_only=False)
+                pos += k
+            else:
+                if pos == scan.rows and f.sha.hexdigest() == scan.sha256:
+                    return out
+        raise DataError(url, "the file changed while it was being read; stage it again")
+
+    result: np.ndarray = _retried(url, storage_options, retry, ids)
+    return result

@@ -1,0 +1,354 @@
+"""Reading a graph's split files into label ids: the columnar reader for tab-separated files
+(:mod:`kgpipe.data.columnar`), the line parser for every other format and option."""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from kgpipe.config import DataConfig
+from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
+from kgpipe.data.columnar import FileScan, columnar_ids, opened, scan_file, sorted_labels
+from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
+from kgpipe.data.formats.header import detect_header, header_mode, without_first
+from kgpipe.data.formats.text import describe_delimiter
+from kgpipe.data.io import Fallback, read_bytes
+from kgpipe.data.vocab import Vocabulary
+from kgpipe.errors import DataError
+from kgpipe.storage import RetryPolicy
+
+__all__ = ["Parsed", "Source", "read_splits", "sources"]
+
+
+@dataclass(frozen=True)
+class Source:
+    split: str
+    url: str
+    storage_options: dict[str, Any] | None
+    benchmark: str | None  # set when the file is a published benchmark split (checksum-verified)
+
+
+def sources(cfg: DataConfig) -> list[Source]:
+    """The split files ``cfg`` names, train first."""
+    urls: dict[str, str] = {}
+    name: str | None = None
+    so: dict[str, Any] | None = cfg.storage_options or None
+    out: list[Source] = []
+    if cfg.dataset is not None:
+        name = canonical_benchmark_name(cfg.dataset)
+        urls = resolve_benchmark(name, cfg.root)
+    for split in SPLITS:
+        override: str | None = getattr(cfg, split)
+        if override is not None:
+            out.append(Source(split, override, so, None))
+        elif name is not None:
+            # The bundled copies are local package files: no storage options apply to them.
+            out.append(Source(split, urls[split], so if cfg.root is not None else None, name))
+    return out
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """Every split as ids in file order (duplicates included), with what the report needs."""
+
+    rows: dict[str, np.ndarray]  # [n, 3] int64
+    lines: dict[str, int]  # triples read (+ literal statements dropped)
+    literals_dropped: dict[str, int]
+    digests: dict[str, str]
+    headers: dict[str, tuple[bool, str]]
+    vocab: Vocabulary  # train labels first
+    train_entities: int
+    train_relations: int
+    #: ``(line, excerpt)`` of the ``i``-th triple read from a split, for error messages
+    where: Callable[[str, int], tuple[int | None, str | None]]
+    reader: str  # "columnar" or "lines"
+
+
+def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
+    """Read ``srcs`` with the columnar reader where it applies, else with the line parser."""
+    if all(_columnar_ok(src, cfg) for src in srcs):
+        try:
+            return _read_columnar(srcs, cfg, retry)
+        except Fallback:
+            pass
+    return _read_lines(srcs, cfg, retry)
+
+
+def _delimiter(cfg: DataConfig) -> str:
+    return cfg.delimiter or "\t"
+
+
+def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
+    if src.benchmark is not None:
+        return True
+    delimiter = _delimiter(cfg)
+    if len(delimiter.encode()) != 1 or delimiter in "\r\n" or cfg.columns is not None:
+        return False
+    return detect_format(src.url, cfg.format) == "tsv" and cfg.header is not True
+
+
+def _check_benchmark(src: Source, digest: str) -> None:
+    if src.benchmark is not None:
+        expected = BENCHMARKS[src.benchmark][src.split]
+        if digest != expected:
+            raise DataError(
+                src.url,
+                f"checksum mismatch: expected {expected}, got {digest} — the file is not the "
+                f"published {src.benchmark} {src.split} split",
+            )
+
+
+def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
+    block = cfg.block_size_bytes
+    scans: dict[str, FileScan] = {}
+    by_split = {src.split: src for src in srcs}
+    for src in srcs:
+        delimiter = "\t" if src.benchmark else _delimiter(cfg)
+        header: bool | str = False if src.benchmark else cfg.header
+        try:
+            scan = scan_file(
+                src.url,
+                src.storage_options,
+                delimiter=delimiter,
+                header=header,
+                block_size=block,
+                train=scans.get("train"),
+                retry=retry,
+            )
+        except Fallback:
+            if src.benchmark is None:  # the line parser's own error, in constant memory
+                locate_problem(src.url, src.storage_options, delimiter)
+            raise
+        _check_benchmark(src, scan.sha256)
+        if src.split == "train" and scan.rows == 0:
+            raise Fallback(src.url)  # the line parser says why
+        scans[src.split] = scan
+
+    train = scans["train"]
+    extra_e = [s.entities for k, s in scans.items() if k != "train"]
+    extra_r = [s.relations for k, s in scans.items() if k != "train"]
+    entities = _ordered(train.entities, extra_e)
+    relations = _ordered(train.relations, extra_r)
+    rows = {
+        split: columnar_ids(
+            scan,
+            by_split[split].storage_options,
+            delimiter="\t" if by_split[split].benchmark else _delimiter(cfg),
+            block_size=block,
+            entities=entities,
+            relations=relations,
+            retry=retry,
+        )
+        for split, scan in scans.items()
+    }
+    vocab = Vocabulary(entities=tuple(entities.to_pylist()), relations=tuple(relations.to_pylist()))
+
+    def where(split: str, index: int) -> tuple[int | None, str | None]:
+        src = by_split[split]
+        delimiter = "\t" if src.benchmark else _delimiter(cfg)
+        return row_line(src.url, src.storage_options, delimiter, index, scans[split].header)
+
+    return Parsed(
+        rows=rows,
+        lines={k: s.rows for k, s in scans.items()},
+        literals_dropped={k: 0 for k in scans},
+        digests={k: s.sha256 for k, s in scans.items()},
+        headers={
+            k: (s.header, "benchmark" if by_split[k].benchmark else _how(cfg))
+            for k, s in scans.items()
+        },
+        vocab=vocab,
+        train_entities=len(train.entities),
+        train_relations=len(train.relations),
+        where=where,
+        reader="columnar",
+    )
+
+
+def _how(cfg: DataConfig) -> str:
+    return "auto" if cfg.header == "auto" else "config"
+
+
+def _ordered(train: pa.Array, extra: list[pa.Array]) -> pa.Array:
+    """Train labels sorted, then the others not in train, sorted (:class:`Vocabulary`)."""
+    import pyarrow.compute as pc
+
+    first = sorted_labels(train)
+    if not extra:
+        return first
+    more = pc.unique(pa.chunked_array(extra, type=pa.large_string()))
+    if isinstance(more, pa.ChunkedArray):
+        more = more.combine_chunks()
+    more = pc.filter(more, pc.invert(pc.is_in(more, value_set=first)))
+    return pa.concat_arrays([first, sorted_labels(more)])
+
+
+def _parse(
+    src: Source, cfg: DataConfig, retry: RetryPolicy | None
+) -> tuple[LabeledTriples, str, bool, str]:
+    """The file's triples, its SHA-256, and ``(header, how)`` (see :func:`header_mode`)."""
+    data = read_bytes(src.url, src.storage_options, retry=retry)
+    digest = hashlib.sha256(data).hexdigest()
+    if src.benchmark is not None:
+        _check_benchmark(src, digest)
+        # Published benchmarks are plain TSV whatever the options for the user's own files say.
+        triples = parse_triples(
+            data, source=src.url, fmt="tsv", delimiter=None, header=False, columns=None
+        )
+        return triples, digest, False, "benchmark"
+    fmt = detect_format(src.url, cfg.format)
+    header, how = header_mode(fmt, cfg.header, cfg.columns)
+    triples = parse_triples(
+        data,
+        source=src.url,
+        fmt=fmt,
+        delimiter=cfg.delimiter,
+        header=header,
+        columns=cfg.columns,
+        literals=cfg.literals,
+    )
+    return triples, digest, header, how
+
+
+def _ids(labels: list[str], index: dict[str, int] | Any) -> np.ndarray:
+    return np.fromiter(map(index.__getitem__, labels), dtype=np.int64, count=len(labels))
+
+
+def _read_lines(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
+    parsed: dict[str, LabeledTriples] = {}
+    digests: dict[str, str] = {}
+    headers: dict[str, tuple[bool, str]] = {}
+    by_split = {src.split: src for src in srcs}
+    for src in srcs:  # train first: header detection in valid/test compares with train
+        lt, digests[src.split], header, how = _parse(src, cfg, retry)
+        if how == "auto":
+            header = detect_header(lt, parsed.get("train"))
+            if header:
+                lt = without_first(lt, src.url)
+        parsed[src.split], headers[src.split] = lt, (header, how)
+
+    train = parsed["train"]
+    if not train.heads:
+        raise DataError(
+            by_split["train"].url,
+            f"no triples left: all {train.literals_dropped:,} statements have a literal object "
+            "(set data.literals: keep to keep literals as entities)",
+        )
+    # Provisional ids: train labels sorted, then the labels seen only in valid/test, sorted.
+    train_entities = set(train.heads)
+    train_entities.update(train.tails)
+    train_relations = set(train.relations)
+    extra_entities: set[str] = set()
+    extra_relations: set[str] = set()
+    for split in ("valid", "test"):
+        if split in parsed:
+            lt = parsed[split]
+            extra_entities.update(lt.heads)
+            extra_entities.update(lt.tails)
+            extra_relations.update(lt.relations)
+    full = Vocabulary.from_labels(train_entities, train_relations, extra_entities, extra_relations)
+    ent_index, rel_index = full.entity_index, full.relation_index
+    rows = {
+        split: np.stack(
+            [_ids(lt.heads, ent_index), _ids(lt.relations, rel_index), _ids(lt.tails, ent_index)],
+            axis=1,
+        )
+        for split, lt in parsed.items()
+    }
+
+    def where(split: str, index: int) -> tuple[int | None, str | None]:
+        lt = parsed[split]
+        excerpt = "\t".join((lt.heads[index], lt.relations[index], lt.tails[index]))
+        return lt.line_numbers[index], excerpt
+
+    return Parsed(
+        rows=rows,
+        lines={k: len(lt) + lt.literals_dropped for k, lt in parsed.items()},
+        literals_dropped={k: lt.literals_dropped for k, lt in parsed.items()},
+        digests=digests,
+        headers=headers,
+        vocab=full,
+        train_entities=len(train_entities),
+        train_relations=len(train_relations),
+        where=where,
+        reader="lines",
+    )
+
+
+def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes]]:
+    """``(number, bytes)`` of every line, without its LF and one CR before it."""
+    with opened(url, storage_options) as f:
+        for number, raw in enumerate(f, 1):
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            yield number, (line[:-1] if line.endswith(b"\r") else line)
+
+
+def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: str) -> None:
+    """Raise the line parser's error for a file without a header row, read a line at a time:
+    invalid UTF-8 first, then a wrong field count, then an empty or blank label (the order the
+    line parser finds them in). Returns when the file has none of them."""
+    described = describe_delimiter(delimiter, "tsv")
+    fields: DataError | None = None
+    label: DataError | None = None
+    decoder = codecs.getincrementaldecoder("utf-8")
+    for number, raw in _lines(url, storage_options):
+        try:
+            line = decoder().decode(raw, final=True)
+        except UnicodeDecodeError as err:
+            raise DataError(
+                url,
+                f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})",
+                line=number,
+                excerpt=raw.decode("utf-8", errors="replace"),
+            ) from None
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        if fields is not None or not line or line[0] == "#":
+            continue
+        parts = line.split(delimiter)
+        if len(parts) != 3:
+            if not line.isspace():
+                fields = DataError(
+                    url,
+                    f"expected 3 {described} fields, found {len(parts)}",
+                    line=number,
+                    excerpt=line,
+                )
+            continue
+        if label is None:
+            for role, value in zip(("head", "relation", "tail"), parts, strict=True):
+                if not value or value.isspace():
+                    kind = "empty" if not value else "blank (whitespace-only)"
+                    label = DataError(url, f"{kind} {role} field", line=number, excerpt=line)
+                    break
+    if fields is not None:
+        raise fields
+    if label is not None:
+        raise label
+
+
+def row_line(
+    url: str, storage_options: dict[str, Any] | None, delimiter: str, row: int, header: bool
+) -> tuple[int | None, str | None]:
+    """The line number and the tab-joined fields of triple ``row`` (0-based, in file order) of a
+    file the fast reader took, for an error message."""
+    skip = header
+    for number, raw in _lines(url, storage_options):
+        line = raw.decode("utf-8", errors="replace")
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        if not line or line[0] == "#" or line.isspace():
+            continue
+        if skip:
+            skip = False
+            continue
+        if row == 0:
+            return number, "\t".join(line.split(delimiter))
+        row -= 1
+    return None, None

@@ -1,0 +1,144 @@
+"""The columnar reader of tab-separated files gives exactly what the line parser gives: the same
+ids, reports and fingerprint, or the same error with the same line (kgpipe.data.columnar)."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import kgpipe.data.reading as reading
+from kgpipe.config import DataConfig
+from kgpipe.data.dataset import TripleDataset, load_dataset
+from kgpipe.errors import DataError
+
+GRAPH = "a\tr1\tb\nb\tr2\tc\nc\tr1\ta\na\tr2\tc\n"
+
+
+def _load(cfg: DataConfig, columnar: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    seen: list[str] = []
+    real = reading._read_columnar
+
+    def spy(*args: Any) -> Any:
+        out = real(*args)
+        seen.append(out.reader)
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(reading, "_read_columnar", spy)
+        if not columnar:
+            m.setattr(reading, "_columnar_ok", lambda src, cfg: False)
+        try:
+            return load_dataset(cfg), seen
+        except DataError as err:
+            return str(err), seen
+
+
+def _same(a: TripleDataset, b: TripleDataset) -> None:
+    for k in ("train", "valid", "test"):
+        assert torch.equal(getattr(a, k), getattr(b, k)), k
+    assert a.vocab == b.vocab
+    assert a.reports == b.reports
+    assert a.fingerprint == b.fingerprint
+
+
+def _both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, files: dict[str, str | bytes], **cfg: Any
+) -> tuple[Any, list[str]]:
+    urls = {}
+    for split, text in files.items():
+        data = text.encode() if isinstance(text, str) else text
+        name = f"{split}.tsv.gz" if cfg.pop(f"{split}_gz", False) else f"{split}.tsv"
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+        urls[split] = str(path)
+    config = DataConfig(**urls, **cfg)
+    fast, seen = _load(config, True, monkeypatch)
+    slow, _ = _load(config, False, monkeypatch)
+    if isinstance(slow, str):
+        assert fast == slow
+    else:
+        assert not isinstance(fast, str), fast
+        _same(fast, slow)
+    return fast, seen
+
+
+CASES: dict[str, dict[str, str | bytes]] = {
+    "plain": {"train": GRAPH},
+    "comments, blank and whitespace lines": {
+        "train": "# a comment\n\n" + GRAPH + "   \n#x\ty\tz\n\t \n# c\td\n"
+    },
+    "crlf and a bom": {"train": "\ufeff" + GRAPH.replace("\n", "\r\n")},
+    "no final newline": {"train": GRAPH.rstrip("\n")},
+    "duplicates": {"train": GRAPH + GRAPH + "a\tr1\tb\n"},
+    "unicode order": {"train": "é\tr\tz\nZ\tr\tä\n😀\tr\ta\nb\tr\tÉ\nz\tr\tA\n"},
+    "spaces inside labels": {"train": "New York\tlocated in\tUnited States\nx y\tr\t z\n"},
+    "valid and test, unseen kept": {
+        "train": GRAPH,
+        "valid": "a\tr1\tc\nd\tr1\ta\n",
+        "test": "a\tr3\tb\nc\tr2\te\n",
+    },
+    "header by its names": {"train": "head\trelation\ttail\n" + GRAPH},
+    "header occurring nowhere else": {
+        "train": "src\trel\tdst\n" + GRAPH * 2 + "d\tr1\te\ne\tr2\tf\nf\tr1\td\n",
+        "valid": "from\tlabel\tto\na\tr1\tc\nb\tr2\ta\nc\tr1\tb\n",
+    },
+    "a first row that is data": {"train": "x\ty\tz\n" + GRAPH},
+    "wrong field count": {"train": GRAPH + "a\tr1\n" + "b\t\tc\n"},
+    "empty label": {"train": GRAPH + "a\t\tc\nx\ty\n"[:7] + "\n"},
+    "blank label": {"train": GRAPH + "a\t \tc\n"},
+    "invalid utf-8 after a field error": {"train": (GRAPH + "a\tb\n").encode() + b"x\xff\tr\ty\n"},
+    "four fields": {"train": GRAPH + "a\tb\tc\td\n"},
+    "only a header": {"train": "head\trelation\ttail\n"},
+    "empty train": {"train": "# nothing\n"},
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_columnar_equals_line_parser(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _both(tmp_path, monkeypatch, CASES[case])
+
+
+@pytest.mark.parametrize("unseen", ["keep", "drop", "error"])
+def test_unseen_and_its_line(unseen: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    files = {"train": GRAPH, "test": "# c\na\tr1\tc\n\nc\tr2\tq\nq\tr9\ta\n"}
+    out, seen = _both(tmp_path, monkeypatch, files, unseen=unseen)
+    assert seen == ["columnar"]
+    if unseen == "error":
+        assert "line 4" in out and "'q'" in out
+
+
+def test_options_gzip_delimiter_and_small_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rows = [f"e{i % 997};r{i % 13};e{(i * 7) % 1009}" for i in range(40_000)]
+    text = "\n".join(rows) + "\n"
+    out, seen = _both(
+        tmp_path,
+        monkeypatch,
+        {"train": text, "valid": "e1;r1;e2\n"},
+        train_gz=True,
+        delimiter=";",
+        block_size="64KiB",
+        header=False,
+    )
+    assert seen == ["columnar"]  # several blocks, one gzip stream
+    assert out.train.shape[0] == len(set(rows))
+
+
+def test_other_formats_and_options_use_the_line_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "t.tsv").write_text("h\tr\tt\n" + GRAPH)
+    _, seen = _both(tmp_path, monkeypatch, {"train": "h\tr\tt\n" + GRAPH}, header=True)
+    assert seen == []  # header: true and data.columns stay with the line parser
+
+
+def test_bad_block_size() -> None:
+    with pytest.raises(ValueError, match="block_size"):
+        DataConfig(train="x.tsv", block_size="1KiB")
