@@ -44,6 +44,7 @@ __all__ = [
     "evaluate",
     "rank_metrics",
     "realistic_ranks",
+    "sample_candidates",
     "split_block_ranks",
     "summarise",
 ]
@@ -150,10 +151,7 @@ def evaluate(
     num_entities = model.spec.num_entities
     if part[1] > 1 and sampled is not None:
         raise ValueError("sampled evaluation is not split over ranks")
-    sample: Tensor | None = None
-    if sampled is not None:
-        gen = generator or torch.Generator().manual_seed(0)
-        sample = torch.randperm(num_entities, generator=gen)[: min(sampled, num_entities)]
+    sample = None if sampled is None else sample_candidates(num_entities, sampled, generator)
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     done = 0
     total = 2 * n
@@ -170,6 +168,15 @@ def evaluate(
             if progress is not None:
                 progress(done, total)
     return summarise(ranks, n, "all" if sample is None else f"sampled-{int(sample.numel())}")
+
+
+def sample_candidates(
+    num_entities: int, k: int, generator: torch.Generator | None = None
+) -> Tensor:
+    """The ``k`` entities every query of a sampled evaluation is ranked against (with its
+    target): a seeded draw (seed 0 unless ``generator``), the same on every rank and call."""
+    gen = generator or torch.Generator().manual_seed(0)
+    return torch.randperm(num_entities, generator=gen)[: min(k, num_entities)]
 
 
 def summarise(ranks: dict[str, list[Tensor]], triples: int, candidates: str) -> dict[str, Any]:
@@ -293,11 +300,14 @@ def split_block_ranks(
     f_rows: Tensor,
     f_cols: Tensor,
     locate: Callable[[Tensor], tuple[Tensor, Tensor]],
+    exclude: Tensor | None = None,
 ) -> Tensor:
     """Realistic ranks from every rank's ``block`` of scores ``(b, its candidates)``: the
     target's score comes from the rank holding it, the better and equal counts (after
     filtering) are summed over the ranks. ``locate(ids)`` says which entity ids are this rank's
-    candidates and at which column. A collective: every rank calls it for the same queries."""
+    candidates and at which column; ``exclude`` (a mask over the block's columns) takes columns
+    out of the candidates after the target's score is read. A collective: every rank calls it
+    for the same queries."""
     import torch.distributed as dist
 
     dev = block.device
@@ -307,6 +317,8 @@ def split_block_ranks(
     true = torch.zeros(block.shape[0], dtype=block.dtype, device=dev)
     true[mine] = block[mine, cols]  # the target's score, from the rank that has its entity
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+    if exclude is not None:  # columns that are not candidates (a sampled evaluation)
+        block[:, exclude] = float("-inf")
     keep, f_pos = locate(f_cols)
     block[f_rows[keep], f_pos[keep]] = float("-inf")
     block[mine, cols] = float("-inf")

@@ -134,7 +134,6 @@ def test_the_config_refuses_what_the_sharded_strategy_cannot_do(tmp_path: Path) 
         ({"distributed": {**sharded, "entity_shards": 1}}, "at least distributed.workers"),
         ({"distributed": sharded, "training": {"mode": "1vsAll", "loss": "cross_entropy"}},
          "negative_sampling"),
-        ({"distributed": sharded, "evaluation": {"sampled": 50}}, "full ranking"),
     ]  # fmt: skip
     for sections, message in cases:
         with pytest.raises(ConfigError, match=message):
@@ -172,19 +171,24 @@ def test_sharded_step_sync_equals_single_process(tmp_path: Path, model: str) -> 
     assert len(manifest["files"]) == 2  # one file per rank
 
 
-def test_sharded_validation_equals_single_process(tmp_path: Path) -> None:
-    """Each rank ranks the queries against its own rows; the counts sum to the single-process
-    ranks (updates below float32's resolution keep both models as initialised)."""
+@pytest.mark.parametrize("sampled", [None, 40])
+def test_sharded_validation_equals_single_process(tmp_path: Path, sampled: int | None) -> None:
+    """Each rank ranks the queries against its own rows (all of them, or those in the sample);
+    the counts sum to the single-process ranks (updates below float32's resolution keep both
+    models as initialised)."""
     sections = {
         "model": {"name": "complex", "dim": 32, "init": "uniform", "init_scale": 0.1},
         "training": {**TRAINING, "lr": 1e-30},
-        "evaluation": {"test": False, "every": 1},
+        "evaluation": {"test": False, "every": 1, "sampled": sampled},
     }
     train(_config(tmp_path, "single", **sections))
     train(
         _config(tmp_path, "sharded", **sections, distributed={"workers": 2, "strategy": "sharded"})
     )
     one, two = _metrics(tmp_path, "single"), _metrics(tmp_path, "sharded")
+    want = "all" if sampled is None else f"sampled-{sampled}"
+    assert [r["valid_candidates"] for r in two] == [want] * len(one)
+    assert [r["valid_candidates"] for r in one] == [want] * len(one)
     for key in ("valid_mrr", "valid_mr", "valid_hits@10"):
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-9), key
 

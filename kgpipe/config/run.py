@@ -58,11 +58,6 @@ class RunConfig(Frozen):
                 f"{self.training.mode}: a {self.training.mode} step scores every entity, so "
                 "every rank would need the whole table"
             )
-        if self.distributed.strategy == "sharded" and self.evaluation.sampled is not None:
-            raise ValueError(
-                "evaluation.sampled is not available under distributed.strategy=sharded: a "
-                "sharded gang validates by full ranking, each rank against its own entities"
-            )
         return self
 
     @model_validator(mode="after")

@@ -15,7 +15,13 @@ import torch
 from torch import Tensor
 
 from kgpipe.distributed.sharded import ShardedExchange
-from kgpipe.evaluation import FilterIndex, ProgressFn, split_block_ranks, summarise
+from kgpipe.evaluation import (
+    FilterIndex,
+    ProgressFn,
+    sample_candidates,
+    split_block_ranks,
+    summarise,
+)
 from kgpipe.models.model import KGEModel
 
 __all__ = ["evaluate_sharded"]
@@ -29,9 +35,11 @@ def evaluate_sharded(
     filter_index: FilterIndex,
     *,
     batch_size: int = 256,
+    sampled: int | None = None,
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
-    """Filtered metrics of ``triples`` on both sides, like :func:`~kgpipe.evaluation.evaluate`;
+    """Filtered metrics of ``triples`` on both sides, like :func:`~kgpipe.evaluation.evaluate`
+    (``sampled``: against the target and the same ``sampled`` entities, those of one process);
     a collective: every rank of the gang calls it with the same triples."""
     triples = triples.long()
     locate = exchange.index.locate
@@ -39,7 +47,9 @@ def evaluate_sharded(
     # the validation's fetches are not the next epoch's training traffic
     counters = (comm.seconds, comm.bytes_sent, comm.calls)
     try:
-        return _evaluate(model, exchange, triples, filter_index, batch_size, progress, locate)
+        return _evaluate(
+            model, exchange, triples, filter_index, batch_size, sampled, progress, locate
+        )
     finally:
         comm.seconds, comm.bytes_sent, comm.calls = counters
 
@@ -50,12 +60,21 @@ def _evaluate(
     triples: Tensor,
     filter_index: FilterIndex,
     batch_size: int,
+    sampled: int | None,
     progress: ProgressFn | None,
     locate: Any,
 ) -> dict[str, Any]:
     n = int(triples.shape[0])
     spec, inter = model.spec, model.interaction
     dev = model.entity.device
+    exclude: Tensor | None = None
+    candidates = "all"
+    if sampled is not None:  # this rank's rows that are not in the sample
+        sample = sample_candidates(spec.num_entities, sampled)
+        chosen = torch.zeros(spec.num_entities, dtype=torch.bool)
+        chosen[sample] = True
+        exclude = (~chosen[exchange.own.cpu()]).to(dev)
+        candidates = f"sampled-{int(sample.numel())}"
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     done = 0
@@ -77,10 +96,10 @@ def _evaluate(
                 block = inter.score_heads(model.relation[rd], rows, model.entity)
             f_rows, f_cols = filter_index.answers(side, anchors, r)
             got = split_block_ranks(
-                block.float(), targets.to(dev), f_rows.to(dev), f_cols.to(dev), locate
+                block.float(), targets.to(dev), f_rows.to(dev), f_cols.to(dev), locate, exclude
             )
             ranks[side].append(got.cpu())
             done += int(chunk.shape[0])
             if progress is not None:
                 progress(done, 2 * n)
-    return summarise(ranks, n, "all")
+    return summarise(ranks, n, candidates)

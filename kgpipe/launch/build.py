@@ -99,8 +99,11 @@ class BuiltTrainer:
 
 def splits_validation(config: RunConfig, world_size: int) -> bool:
     """Whether every rank of a gang validates, each against its range of entities (full
-    filtered ranking), rather than rank 0 alone (a sampled validation, or a gang of one)."""
-    return world_size > 1 and bool(config.evaluation.every) and config.evaluation.sampled is None
+    filtered ranking), rather than rank 0 alone (a sampled validation of a replicated gang, or a
+    gang of one). A sharded gang always splits it: no rank holds every row."""
+    ev = config.evaluation
+    sharded = config.distributed.strategy == "sharded"
+    return world_size > 1 and bool(ev.every) and (ev.sampled is None or sharded)
 
 
 def build_trainer(

@@ -135,7 +135,7 @@ def _validation(config: RunConfig, num_entities: int, num_train: int, world: int
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
     range of entities when a gang splits full ranking, else all of them)."""
     ev = config.evaluation
-    split = world > 1 and ev.sampled is None
+    split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
     candidates = -(-num_entities // world) if split else num_entities
     return 2 * 4 * 8 * num_train + (4 + 1) * ev.batch_size * candidates
 

@@ -88,7 +88,11 @@ class Validation(Callback):
         progress = (lambda _done, _total: tick()) if tick is not None else None
         if self.evaluator is not None:
             m = self.evaluator(
-                self.valid, self.index, batch_size=self.cfg.batch_size, progress=progress
+                self.valid,
+                self.index,
+                batch_size=self.cfg.batch_size,
+                sampled=self.cfg.sampled,
+                progress=progress,
             )
         else:
             m = evaluate(
