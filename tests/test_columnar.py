@@ -94,6 +94,13 @@ CASES: dict[str, dict[str, str | bytes]] = {
     "four fields": {"train": GRAPH + "a\tb\tc\td\n"},
     "only a header": {"train": "head\trelation\ttail\n"},
     "empty train": {"train": "# nothing\n"},
+    "empty valid": {"train": GRAPH, "valid": "# nothing\n   \n"},
+    "a lone carriage return": {"train": "a\tr\tb\rc\ts\td\n" + GRAPH},
+    "a comment ended by a lone carriage return": {"train": "# note\rx\ty\tz\n" + GRAPH},
+    "a carriage return before crlf": {"train": "a\tr\tb\r\r\n" + GRAPH},
+    "mac line endings": {"train": GRAPH.replace("\n", "\r")},
+    "a header whose relation is an entity": {"train": "x\ty\tz\na\tr\tb\ny\tr\tc\n"},
+    "invalid utf-8 in a comment": {"train": GRAPH.encode() + b"#\xff\n"},
 }
 
 

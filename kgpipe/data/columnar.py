@@ -12,16 +12,21 @@ ids:
 2. **Ids** as :class:`~kgpipe.data.vocab.Vocabulary` assigns them: train labels sorted, then the
    labels seen only in valid/test, sorted. pyarrow sorts strings by their UTF-8 bytes, which is
    the code point order Python's ``sorted`` uses, so the ids are the line parser's.
-3. **Map** each file again, block by block, with ``index_in`` against the sorted labels, into one
-   array per split allocated from the scan's row count.
+3. **Map** each file again with ``index_in`` against the sorted labels, into one array per split
+   allocated from the scan's row count. ``index_in`` hashes the whole label set on every call, so
+   blocks are buffered until they hold as many rows as there are labels (at least 1M) and mapped
+   at once: the mapping then costs O(rows), and the buffer holds about one label's worth of text
+   per label, on the order of the labels themselves.
 
 The rules are the line parser's: ``#`` lines, empty and whitespace-only lines are skipped, a leading
 BOM is dropped, CRLF and LF both end lines, fields are taken as they are (no quoting). A line the
 fast reader would not take as the line parser does (a wrong number of fields, an empty or blank
-label, invalid UTF-8) stops it: :func:`kgpipe.data.reading.locate_problem` then reads the file once more, a line at a
-time in constant memory, and raises the line parser's own error with its line number; when it
-finds none (a lone carriage return, say) the caller falls back to the line parser. Files that
-change between the two reads are refused.
+label, invalid UTF-8, a carriage return not followed by a line feed) stops it:
+:func:`kgpipe.data.reading.locate_problem` then reads the file once more, a line at a time in
+constant memory, and raises the line parser's own error with its line number; when it finds none
+(a lone carriage return, say) the caller falls back to the line parser. A file with no triples
+gets the line parser's error. Files that change between the two reads are refused. Zstandard
+files stay with the line parser (their stream reader cannot be read by line).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import lzma
+import sys
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -44,7 +50,7 @@ from kgpipe.data.formats.header import HEADER_NAMES, is_column_name, normalize
 from kgpipe.data.io import Fallback, reading_errors, split_compression
 from kgpipe.endpoints import check_reachable
 from kgpipe.errors import DataError
-from kgpipe.retry import RetryPolicy, retrying
+from kgpipe.retry import RetryPolicy, is_transient, retrying
 
 __all__ = [
     "FileScan",
@@ -70,15 +76,24 @@ class FileScan:
 
 
 class _Hashing:
-    """A binary reader that hashes what it hands on."""
+    """A binary reader that hashes what it hands on, and raises :class:`Fallback` at a carriage
+    return not followed by a line feed (pyarrow ends a row there; the line parser does not)."""
 
-    def __init__(self, f: IO[bytes]) -> None:
-        self._f, self.sha = f, hashlib.sha256()
+    def __init__(self, f: IO[bytes], url: str) -> None:
+        self._f, self.sha, self.url = f, hashlib.sha256(), url
         self.closed = False
+        self._cr = False  # the last chunk ended with a CR
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         self.sha.update(data)
+        if data and (self._cr or b"\r" in data):
+            if self._cr and data[:1] != b"\n":
+                raise Fallback(self.url)
+            self._cr = data.endswith(b"\r")
+            body = data[:-1] if self._cr else data
+            if body.count(b"\r") != body.count(b"\r\n"):
+                raise Fallback(self.url)
         return data
 
     def readable(self) -> bool:
@@ -105,8 +120,8 @@ def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[byte
             yield compr[compression](raw, mode="rb")
         except (EOFError, zlib.error, lzma.LZMAError) as err:
             raise DataError(url, f"cannot decompress ({compression}): {err}") from None
-        except OSError as err:
-            if isinstance(err, FileNotFoundError | PermissionError | ConnectionError):
+        except OSError as err:  # a corrupt stream; the store's own faults are retried or reported
+            if is_transient(err) or isinstance(err, FileNotFoundError | PermissionError):
                 raise
             raise DataError(url, f"cannot decompress ({compression}): {err}") from None
 
@@ -131,7 +146,33 @@ def _retried(
         return retrying(fn, what=f"read {url}", policy=retry or RetryPolicy())
 
 
+@contextlib.contextmanager
+def _quiet_undecodable_rows() -> Iterator[None]:
+    """pyarrow decodes an invalid row's text before it calls the handler, and reports the
+    ``UnicodeDecodeError`` of a row that is not UTF-8 as an unraisable exception on stderr; the
+    row is refused all the same, and the line scan then names the byte. Keep stderr quiet."""
+    previous = sys.unraisablehook
+
+    def hook(info: Any) -> None:
+        if not isinstance(info.exc_value, UnicodeDecodeError):
+            previous(info)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
 def _batches(
+    f: _Hashing, url: str, delimiter: str, block_size: int
+) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
+    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped."""
+    with _quiet_undecodable_rows():
+        yield from _read_batches(f, url, delimiter, block_size)
+
+
+def _read_batches(
     f: _Hashing, url: str, delimiter: str, block_size: int
 ) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
     """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped."""
@@ -242,7 +283,7 @@ def scan_file(
         skip = header is True
         counts = {"hh": 0, "ht": 0, "th": 0, "tt": 0, "r": 0}
         with opened(url, storage_options) as raw:
-            f = _Hashing(raw)
+            f = _Hashing(raw, url)
             for h, r, t in _batches(f, url, delimiter, block_size):
                 if first is None and len(h):
                     first = (h[0].as_py(), r[0].as_py(), t[0].as_py())
@@ -267,12 +308,13 @@ def scan_file(
             is_header = _first_is_header(first, counts, rows, len(relations), train)
             if is_header:  # its labels occur nowhere else in the file
                 rows -= 1
-                entities = pc.filter(
-                    entities, pc.invert(pc.is_in(entities, pa.array(first, pa.large_string())))
-                )
+                heads_tails = pa.array([first[0], first[2]], pa.large_string())
+                entities = pc.filter(entities, pc.invert(pc.is_in(entities, heads_tails)))
                 relations = pc.filter(relations, pc.not_equal(relations, first[1]))
         if is_header and rows == 0:
             raise DataError(url, "no triples found (the file has only a header row)")
+        if rows == 0:
+            raise DataError(url, "no triples found (empty file)")
         return FileScan(url, rows, entities, relations, sha, is_header)
 
     result: FileScan = _retried(url, storage_options, retry, scan)
@@ -298,29 +340,48 @@ def columnar_ids(
     in file order, duplicates included."""
     url = scan.url
 
+    # index_in hashes the whole label set on every call: map at least that many rows per call
+    # (blocks are buffered up to it), so the mapping costs O(rows), not O(rows x labels / block)
+    at_once = max(len(entities), 1 << 20)
+
     def ids() -> np.ndarray:
         out = np.empty((scan.rows, 3), dtype=np.int64)
         pos = 0
         skip = scan.header
+        pending: list[tuple[pa.Array, pa.Array, pa.Array]] = []
+        buffered = 0
+
+        def flush() -> bool:
+            nonlocal pos, buffered
+            if not pending:
+                return True
+            h, r, t = (pa.concat_arrays(list(cols)) for cols in zip(*pending, strict=True))
+            pending.clear()
+            k, buffered = len(h), 0
+            if pos + k > scan.rows:
+                return False
+            both = pc.index_in(pa.chunked_array([h, t]), value_set=entities)
+            rel = pc.index_in(r, value_set=relations)
+            if both.null_count or rel.null_count:
+                return False
+            both_np = both.to_numpy()
+            out[pos : pos + k, 0] = both_np[:k]
+            out[pos : pos + k, 2] = both_np[k:]
+            out[pos : pos + k, 1] = rel.to_numpy(zero_copy_only=False)
+            pos += k
+            return True
+
         with opened(url, storage_options) as raw:
-            f = _Hashing(raw)
+            f = _Hashing(raw, url)
             for h, r, t in _batches(f, url, delimiter, block_size):
                 if skip and len(h):
                     h, r, t, skip = h[1:], r[1:], t[1:], False
-                k = len(h)
-                if pos + k > scan.rows:
+                pending.append((h, r, t))
+                buffered += len(h)
+                if buffered >= at_once and not flush():
                     break
-                both = pc.index_in(pa.concat_arrays([h, t]), value_set=entities)
-                rel = pc.index_in(r, value_set=relations)
-                if both.null_count or rel.null_count:
-                    break
-                both_np = both.to_numpy(zero_copy_only=False)
-                out[pos : pos + k, 0] = both_np[:k]
-                out[pos : pos + k, 2] = both_np[k:]
-                out[pos : pos + k, 1] = rel.to_numpy(zero_copy_only=False)
-                pos += k
             else:
-                if pos == scan.rows and f.sha.hexdigest() == scan.sha256:
+                if flush() and pos == scan.rows and f.sha.hexdigest() == scan.sha256:
                     return out
         raise DataError(url, "the file changed while it was being read; stage it again")
 

@@ -18,7 +18,7 @@ from kgpipe.data.columnar import FileScan, columnar_ids, opened, scan_file, sort
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.formats.text import describe_delimiter
-from kgpipe.data.io import Fallback, read_bytes
+from kgpipe.data.io import Fallback, read_bytes, reading_errors, split_compression
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
@@ -90,6 +90,8 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
     delimiter = _delimiter(cfg)
     if len(delimiter.encode()) != 1 or delimiter in "\r\n" or cfg.columns is not None:
         return False
+    if split_compression(src.url)[1] == "zstd":  # its stream reader cannot be iterated by line
+        return False
     return detect_format(src.url, cfg.format) == "tsv" and cfg.header is not True
 
 
@@ -123,11 +125,10 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
             )
         except Fallback:
             if src.benchmark is None:  # the line parser's own error, in constant memory
-                locate_problem(src.url, src.storage_options, delimiter)
+                with reading_errors(src.url):
+                    locate_problem(src.url, src.storage_options, delimiter)
             raise
         _check_benchmark(src, scan.sha256)
-        if src.split == "train" and scan.rows == 0:
-            raise Fallback(src.url)  # the line parser says why
         scans[src.split] = scan
 
     train = scans["train"]
@@ -152,7 +153,8 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     def where(split: str, index: int) -> tuple[int | None, str | None]:
         src = by_split[split]
         delimiter = "\t" if src.benchmark else _delimiter(cfg)
-        return row_line(src.url, src.storage_options, delimiter, index, scans[split].header)
+        with reading_errors(src.url):
+            return row_line(src.url, src.storage_options, delimiter, index, scans[split].header)
 
     return Parsed(
         rows=rows,
