@@ -233,13 +233,17 @@ class CheckpointStore:
         return out
 
     @contextlib.contextmanager
-    def verified_files(self, ckpt: Checkpoint) -> Iterator[dict[str, str] | None]:
-        """Local paths of the checkpoint's files, each checked against the manifest's size and
-        sha256 (read from disk in blocks, never whole into memory); ``None`` if any is missing
-        or differs."""
+    def verified_files(
+        self, ckpt: Checkpoint, files: Callable[[dict[str, Any]], bool] | None = None
+    ) -> Iterator[dict[str, str] | None]:
+        """Local paths of the checkpoint's files (those whose manifest entry ``files`` accepts),
+        each checked against the manifest's size and sha256 (read from disk in blocks, never
+        whole into memory); ``None`` if any is missing or differs."""
         with contextlib.ExitStack() as stack:
             paths: dict[str, str] = {}
             for name, info in ckpt.manifest["files"].items():
+                if files is not None and not files(info):
+                    continue
                 rel = f"{_dir(ckpt.epoch)}/{name}"
                 try:
                     path = stack.enter_context(self.store.local_copy(rel))
@@ -317,12 +321,15 @@ class CheckpointStore:
         return _state_of(ckpt, tensors)
 
     def load_selected(
-        self, ckpt: Checkpoint, keep: Callable[[str], bool]
+        self,
+        ckpt: Checkpoint,
+        keep: Callable[[str], bool],
+        files: Callable[[dict[str, Any]], bool] | None = None,
     ) -> tuple[TrainState, dict[str, Tensor]]:
-        """The state of ``ckpt`` read from its verified files, with only the tensors whose
-        name ``keep`` accepts; the shard tensors among them come apart (a rank of a sharded
-        gang reads its own shards)."""
-        with self.verified_files(ckpt) as paths:
+        """The state of ``ckpt`` read from its verified files (those ``files`` accepts, by their
+        manifest entry), with only the tensors whose name ``keep`` accepts; the shard tensors
+        among them come apart (a rank of a sharded gang reads its own shards)."""
+        with self.verified_files(ckpt, files) as paths:
             if paths is None:
                 raise CheckpointError(f"{ckpt.url}: checkpoint is incomplete or corrupt")
             tensors: dict[str, Tensor] = {}

@@ -53,7 +53,9 @@ def export_sharded(
     """Write the embeddings of sharded checkpoint ``ckpt`` under ``out_url``, a part per shard;
     returns the URLs written (``model.json`` last)."""
     store = Store(out_url, storage_options, retry=retry)
-    state, _ = checkpoints.load_selected(ckpt, lambda k: k == "table.relation")
+    state, _ = checkpoints.load_selected(  # the file with the replicated part (all if unsaid)
+        ckpt, lambda k: k == "table.relation", lambda info: info.get("replicated", True)
+    )
     parts = 0
     info = {**model_info(spec), "layout": "sharded", "entities": f"{PARTS}/part-*.parquet"}
     meta = {"kgpipe": json.dumps(info)}

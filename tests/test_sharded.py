@@ -17,13 +17,14 @@ import torch
 from cli_support import run_cli, vocab_labels
 from safetensors.torch import load_file
 
+from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import ModelConfig, RunConfig, parse_config
 from kgpipe.distributed.sharded import LocalIndex, ShardMap, owned_positions
-from kgpipe.errors import ConfigError
+from kgpipe.errors import CheckpointError, ConfigError
 from kgpipe.export import load_model
 from kgpipe.models.model import KGEModel
 from kgpipe.pipeline import train
-from kgpipe.sharded_tensors import assemble_shards, local_rows, split_shards
+from kgpipe.sharded_tensors import assemble_shards, local_rows, shard_key, split_shards
 from kgpipe.storage import Store
 
 BASE: dict[str, Any] = {
@@ -168,7 +169,9 @@ def test_sharded_step_sync_equals_single_process(tmp_path: Path, model: str) -> 
         (tmp_path / "sharded" / "checkpoints" / "epoch-000002" / "manifest.json").read_text()
     )
     assert manifest["strategy"] == "sharded" and manifest["entity_shards"] == 5
-    assert len(manifest["files"]) == 2  # one file per rank
+    assert len(manifest["files"]) == 2  # one file per rank, saying what it holds
+    held = sorted((f["shards"], f["replicated"]) for f in manifest["files"].values())
+    assert held == [([0, 2, 4], True), ([1, 3], False)]
 
 
 @pytest.mark.parametrize("sampled", [None, 40])
@@ -286,3 +289,28 @@ def test_a_failed_sharded_commit_fails_every_rank_as_what_it_was() -> None:
     for kind, cls in (("fenced", Fenced), ("full", StorageFull), ("", CheckpointError)):
         with pytest.raises(cls, match=r"^epoch 3: rank 1: boom$"):
             _raise([(kind, "rank 1: boom")], "epoch 3")
+
+
+def test_a_rank_reads_and_checks_only_the_files_it_needs(tmp_path: Path) -> None:
+    """The manifest says which shards each file holds: a reader that selects files by it
+    neither needs nor hashes the others (a corrupt other file does not stop it); a reader of
+    every file does."""
+    store = CheckpointStore(Store(str(tmp_path)))
+    files = {}
+    for rank, shards in ((0, [0, 2]), (1, [1, 3])):
+        tensors = {shard_key(s, "table.entity"): torch.full((2, 3), float(s)) for s in shards}
+        if rank == 0:
+            tensors["table.relation"] = torch.zeros(4, 3)
+        info = store.write_file(1, f"shards-r{rank}.safetensors", tensors)
+        files[f"shards-r{rank}.safetensors"] = {**info, "shards": shards, "replicated": rank == 0}
+    ckpt = store.commit(1, 10, [], files, {})
+    (tmp_path / "checkpoints" / "epoch-000001" / "shards-r1.safetensors").write_bytes(b"corrupt")
+
+    def mine(info: dict[str, Any]) -> bool:
+        return bool(info["replicated"]) or not {0, 2}.isdisjoint(info["shards"])
+
+    state, shards = store.load_selected(ckpt, lambda k: True, mine)
+    assert sorted(shards) == [shard_key(0, "table.entity"), shard_key(2, "table.entity")]
+    assert torch.equal(state.tables["relation"], torch.zeros(4, 3))
+    with pytest.raises(CheckpointError, match="incomplete or corrupt"):
+        store.load_selected(ckpt, lambda k: True)

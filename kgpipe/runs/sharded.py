@@ -80,7 +80,10 @@ class ShardedCommit(Callback):
         written: tuple[str, dict[str, Any] | None, tuple[str, str] | None]
         try:
             tensors = self._tensors(state)
-            written = (name, store.write_file(state.epoch, name, tensors), None)
+            info = store.write_file(state.epoch, name, tensors)
+            # what the file holds, so that a resuming rank reads (and hashes) only its own files
+            info.update(shards=ex.map.shards_of(rank), replicated=rank == 0)
+            written = (name, info, None)
             del tensors
         except Exception as err:
             written = (name, None, _describe(err))
@@ -157,8 +160,9 @@ def load_rank_state(
 ) -> TrainState:
     """This rank's part of checkpoint ``ckpt``: its own entity rows and their optimiser state,
     and the replicated rest. Of a sharded checkpoint only this rank's shards' tensors are read
-    (whatever world size wrote it), though every file is checked against its SHA-256 first (so
-    each rank reads every file once, and a rank's disk must hold the largest file in turn); a
+    (whatever world size wrote it): the manifest says which shards each file holds, so a rank
+    fetches and checks against its SHA-256 only the files with its shards and the one with the
+    replicated part (the driver has verified the whole checkpoint before the gang starts); a
     replicated checkpoint is read whole and sliced."""
     mine = set(exchange.map.shards_of(exchange.rank))
 
@@ -173,7 +177,13 @@ def load_rank_state(
             f"{ckpt.url}: written with distributed.entity_shards={saved}, this run has "
             f"{exchange.map.shards}"
         )
-    state, shards = checkpoints.load_selected(ckpt, keep)
+
+    def needed(info: dict[str, Any]) -> bool:  # files of older manifests say nothing: all
+        if "shards" not in info:
+            return True
+        return bool(info.get("replicated")) or not mine.isdisjoint(info["shards"])
+
+    state, shards = checkpoints.load_selected(ckpt, keep, needed)
     own = exchange.own.cpu()
     if shards:
         local = local_rows(shards, own)
