@@ -8,8 +8,8 @@ the mean of the optimistic and pessimistic rank ("realistic" rank,
 per side.
 
 On the CPU, against more entities than a block (:data:`BLOCK`, 8,192), a chunk of queries is
-scored one block of candidates at a time, and the better and equal candidates are counted per block. The
-target's score comes from a small product against the targets' rows. It is checked against its
+scored one block of candidates at a time, and the better and equal candidates are counted per
+block. The target's score comes from a small product against the targets' rows. It is checked against its
 column in its block; where the two differ (another kernel, another rounding) that chunk and
 the rest are ranked against the whole matrix instead. Peak memory is
 about ``batch_size x BLOCK x 4`` bytes of scores (``batch_size x num_entities x 4`` on a

@@ -88,7 +88,7 @@ CASES: dict[str, dict[str, str | bytes]] = {
     },
     "a first row that is data": {"train": "x\ty\tz\n" + GRAPH},
     "wrong field count": {"train": GRAPH + "a\tr1\n" + "b\t\tc\n"},
-    "empty label": {"train": GRAPH + "a\t\tc\nx\ty\n"[:7] + "\n"},
+    "empty label": {"train": GRAPH + "a\t\tc\n"},
     "blank label": {"train": GRAPH + "a\t \tc\n"},
     "invalid utf-8 after a field error": {"train": (GRAPH + "a\tb\n").encode() + b"x\xff\tr\ty\n"},
     "four fields": {"train": GRAPH + "a\tb\tc\td\n"},
@@ -104,11 +104,22 @@ CASES: dict[str, dict[str, str | bytes]] = {
 }
 
 
+#: cases the columnar reader hands to the line parser (pyarrow ends a row at a lone CR)
+FALLS_BACK = {
+    "a lone carriage return",
+    "a comment ended by a lone carriage return",
+    "a carriage return before crlf",
+    "mac line endings",
+}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_columnar_equals_line_parser(
     case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _both(tmp_path, monkeypatch, CASES[case])
+    out, seen = _both(tmp_path, monkeypatch, CASES[case])
+    if not isinstance(out, str):  # a graph read: by the columnar reader unless it fell back
+        assert seen == ([] if case in FALLS_BACK else ["columnar"])
 
 
 @pytest.mark.parametrize("unseen", ["keep", "drop", "error"])
@@ -141,7 +152,6 @@ def test_options_gzip_delimiter_and_small_blocks(
 def test_other_formats_and_options_use_the_line_parser(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "t.tsv").write_text("h\tr\tt\n" + GRAPH)
     _, seen = _both(tmp_path, monkeypatch, {"train": "h\tr\tt\n" + GRAPH}, header=True)
     assert seen == []  # header: true and data.columns stay with the line parser
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
@@ -179,8 +180,6 @@ def _how(cfg: DataConfig) -> str:
 
 def _ordered(train: pa.Array, extra: list[pa.Array]) -> pa.Array:
     """Train labels sorted, then the others not in train, sorted (:class:`Vocabulary`)."""
-    import pyarrow.compute as pc
-
     first = sorted_labels(train)
     if not extra:
         return first
