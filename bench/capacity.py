@@ -8,6 +8,8 @@ without a worker restart. Reports the refusal, the tables' size against the limi
 worker's peak resident memory.
 
     .venv/bin/python bench/capacity.py --entities 4000000 --edges 4000000 --dim 100 --limit 1.5GiB
+    .venv/bin/python bench/capacity.py --entities 4600000 --edges 6000000 --exponent 0.2 \
+        --dim 100 --limit 4.5GiB
 Results: bench/results/capacity_<entities>.json
 """
 
@@ -35,6 +37,12 @@ def main() -> None:
     p.add_argument("--entities", type=int, default=4_000_000)
     p.add_argument("--edges", type=int, default=4_000_000)
     p.add_argument("--relations", type=int, default=50)
+    p.add_argument(
+        "--exponent",
+        type=float,
+        default=1.1,
+        help="the synthetic graph's power law (0.2 with 6M edges: 4.2M of 4.6M entities appear)",
+    )
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--limit", default="1.5GiB", help="memory limit per worker (Dask notation)")
@@ -59,7 +67,13 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         graph = Path(args.graph) if args.graph else Path(tmp) / "graph"
-        synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
+        synth_graph(
+            graph,
+            entities=args.entities,
+            relations=args.relations,
+            edges=args.edges,
+            exponent=args.exponent,
+        )
         for strategy in ("replicated", "sharded"):
             with open_cluster("local", workers=args.workers, memory_limit=limit) as client:
                 assert isinstance(client, Client)
@@ -95,6 +109,8 @@ def main() -> None:
                     )
                 row["seconds"] = round(time.perf_counter() - t0, 1)
                 row["worker_peak_rss_bytes"] = list(client.run(peak_rss).values())
+                # the driver stages the graph (for the pre-flight check too)
+                row["driver_peak_rss_bytes"] = peak_rss()
                 out[strategy] = row
                 print(strategy, json.dumps(row)[:600], flush=True)
         info = json.loads((Path(tmp) / "runs" / "sharded" / "data.json").read_text())

@@ -2,8 +2,9 @@
 
 Generates a synthetic graph (``kgpipe synth``), then trains it for one epoch as a gang of
 ``--workers`` ranks on a LocalCluster this script starts the way kgpipe does (one process per
-worker, ``distributed.memory_limit`` not set), and reads every worker process's lifetime peak
-resident set (``ru_maxrss``) after the run. Reported next to what the run must hold: the tables
+worker, ``distributed.memory_limit`` not set), and reads every worker process's peak resident
+set (``VmHWM``: not ``ru_maxrss``, which a worker inherits from the driver that spawned it; see
+``bench.common.peak_rss``) after the run. Reported next to what the run must hold: the tables
 and their optimiser state, the staged training triples. Evaluation is off (its score blocks are
 measured by ``bench/eval_speed.py``).
 
