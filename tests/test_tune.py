@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import optuna
@@ -190,6 +191,33 @@ def _pruned(pruner: object, histories: list[list[float]], every: int) -> list[in
             study.tell(trial, state=optuna.trial.TrialState.PRUNED)
         out.append(at)
     return out
+
+
+def test_importances_are_quiet_with_rarely_tried_values() -> None:
+    """Optuna's default evaluator warns once per conditional parameter whose branch ran in
+    under two trials (a short study with a `when:` in its space has some, as WN18RR's had); the
+    study's output stays quiet, the importances stay."""
+    from kgpipe.tune.results import importances
+
+    study = optuna.create_study(direction="maximize")
+    x = optuna.distributions.FloatDistribution(0.0, 1.0)
+    margin = optuna.distributions.FloatDistribution(0.5, 10.0)  # only when the loss is margin
+    for i in range(12):
+        params: dict[str, float] = {"x": i / 12}
+        dists = {"x": x}
+        if i == 0:
+            params["margin"], dists["margin"] = 1.0, margin
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=dists, value=i))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        optuna.importance.get_param_importances(study)
+    assert any("Some regimes for parameter" in str(w.message) for w in seen)  # it would warn
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        imp = importances(study)
+    assert set(imp) == {"x", "margin"}
+    assert imp["x"] > imp["margin"]
+    assert sum(imp.values()) == pytest.approx(1.0)
 
 
 def test_pruners_stop_trials_where_their_rules_say() -> None:

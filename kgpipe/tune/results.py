@@ -7,6 +7,7 @@ import csv
 import io
 import math
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -63,14 +64,19 @@ def best_so_far(study: Any) -> list[tuple[int, float]]:
 
 
 def importances(study: Any) -> dict[str, float]:
-    """Optuna's parameter importances (fANOVA) over the complete trials; empty when too few."""
+    """Optuna's parameter importances over the complete trials (its default evaluator:
+    PED-ANOVA in Optuna 5), normalised to sum to 1; empty when too few trials."""
     import optuna
 
     complete = [t for t in study.get_trials(deepcopy=False) if _state(t) == "complete"]
     if len(complete) < 3:
         return {}
     try:
-        return dict(optuna.importance.get_param_importances(study))
+        with warnings.catch_warnings():
+            # one warning per parameter with a rarely tried value: the plot is read as rough
+            # anyway, and the study's output stays quiet
+            warnings.filterwarnings("ignore", message="Some regimes for parameter")
+            return dict(optuna.importance.get_param_importances(study))
     except (ValueError, RuntimeError):  # e.g. a single value in every parameter
         return {}
 
@@ -136,7 +142,7 @@ def write_plots(folder: StudyFolder, study: Any) -> dict[str, str]:
         }
         labels = [when.get(n, n) for n in names]
         ax.barh(labels, [imp[n] for n in names], color="tab:blue")
-        ax.set_xlabel("importance (fANOVA, share of the valid MRR's variance)")
+        ax.set_xlabel("importance (Optuna's PED-ANOVA, normalised to sum to 1)")
         fig.tight_layout()
         fig.savefig(folder.file("importance.png"), dpi=100)
         plt.close(fig)
