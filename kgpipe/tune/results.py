@@ -73,8 +73,9 @@ def importances(study: Any) -> dict[str, float]:
         return {}
     try:
         with warnings.catch_warnings():
-            # one warning per parameter with a rarely tried value: the plot is read as rough
-            # anyway, and the study's output stays quiet
+            # one warning per conditional parameter whose branch ran in under 2 trials (any
+            # short study with a `when:` has some): the plot is read as rough anyway, and the
+            # study's output stays quiet
             warnings.filterwarnings("ignore", message="Some regimes for parameter")
             return dict(optuna.importance.get_param_importances(study))
     except (ValueError, RuntimeError):  # e.g. a single value in every parameter
