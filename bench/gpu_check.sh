@@ -100,7 +100,8 @@ step "evaluation speed" 300 "$PY" bench/eval_speed.py --device cuda --data-root 
 
 cp "$TMP/gpu.txt" "$RESULTS/gpu_device.txt"
 if [ -n "${OUT:-}" ]; then  # one archive of the results (the device tool brings back few files)
-    tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" $(cd "$RESULTS" && ls gpu_*)
+    # the files only: `ls gpu_*` would also list the contents of earlier runs' gpu_* folders
+    tar czf "$OUT/gpu_results.tgz" -C "$RESULTS" $(cd "$RESULTS" && find . -maxdepth 1 -type f -name 'gpu_*' | sort)
 fi
 if [ ${#failed[@]} -gt 0 ]; then
     echo "gpu_check: failed: ${failed[*]}"
