@@ -222,17 +222,21 @@ def use_prefect_server(server: PrefectServer) -> Iterator[PrefectServer]:
     environment once, when `prefect` is first imported, so changing os.environ after that import
     is not seen in-process (flows would silently go to an ephemeral server instead).
     """
+    try:
+        # Imported BEFORE os.environ changes: Prefect's first import builds its process-wide
+        # settings context from the environment, and a first import below would build it from
+        # this server's variables, leaving every later test in this server's PREFECT_HOME
+        # after the context ends (seen when a `-m slow` run reached this fixture first).
+        from prefect.settings import temporary_settings
+    except ImportError:
+        temporary_settings = None
     saved = {k: os.environ.get(k) for k in (*server.env, *_STALE_PREFECT_VARS)}
     for k in _STALE_PREFECT_VARS:
         os.environ.pop(k, None)
     os.environ.update(server.env)
     try:
         with contextlib.ExitStack() as stack:
-            try:
-                from prefect.settings import temporary_settings
-            except ImportError:
-                pass
-            else:
+            if temporary_settings is not None:
                 updates = {_SETTING_KEYS[k]: v for k, v in server.env.items() if k in _SETTING_KEYS}
                 stack.enter_context(temporary_settings(updates=updates))
                 stack.callback(drain_prefect_workers)  # runs first, while still pointed here
