@@ -9,7 +9,9 @@ W gloo ranks with ``cores // W`` threads each, every rank scoring its range of e
 gang's validation does, `kgpipe/evaluation.py`). Reported per setting: the evaluation's wall
 time (from a barrier to the last rank's end), each process's peak resident memory, and the MRR
 (equal in every setting). ``--blocks 8192 0`` compares one process's ranking in blocks of
-candidates with the whole matrix at once (``--rounds`` interleaves them). Results:
+candidates with the whole matrix at once (``--rounds`` interleaves them). ``--candidates K``
+adds one process's OGB-style ranking, each query against K candidates of its own
+(``evaluation.candidates``; its MRR is not the full protocol's). Results:
 ``bench/results/eval_split_<entities>.json``.
 """
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import socket
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import commit, hardware, peak_rss
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -65,13 +66,21 @@ def _setup(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
 
 def _rank(
-    rank: int, world: int, port: int, threads: int, args: argparse.Namespace, out: str, block: int
+    rank: int,
+    world: int,
+    port: int,
+    threads: int,
+    args: argparse.Namespace,
+    out: str,
+    block: int,
+    candidates: int,
 ) -> None:
     import torch
     import torch.distributed as dist
 
     import kgpipe.evaluation as ev
     from kgpipe.evaluation import evaluate
+    from kgpipe.query_candidates import QueryCandidates
 
     ev.BLOCK = block or 1 << 62  # 0: the whole (chunk x entities) matrix at once
     torch.set_num_threads(threads)
@@ -82,12 +91,15 @@ def _rank(
     try:
         dist.barrier()
         t0 = time.perf_counter()
-        m = evaluate(model, test, index, batch_size=args.batch_size, part=(rank, world))
+        per_query = QueryCandidates(candidates, split="test") if candidates else None
+        m = evaluate(
+            model, test, index, batch_size=args.batch_size, part=(rank, world), candidates=per_query
+        )
         dist.barrier()
         seconds = time.perf_counter() - t0
     finally:
         dist.destroy_process_group()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     Path(f"{out}.{rank}").write_text(
         json.dumps({"seconds": seconds, "mrr": m["mrr"], "peak": peak})
     )
@@ -112,28 +124,42 @@ def main() -> None:
         default=[0],
         help="candidates per block of one process's ranking (0: all at once); interleaved",
     )
+    p.add_argument(
+        "--candidates",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also rank each query against this many candidates of its own (one process)",
+    )
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--out", help="result file name (default: eval_split_<entities>.json)")
     args = p.parse_args()
 
     import torch.multiprocessing as mp
 
     cores = os.cpu_count() or 1
     runs = []
-    settings = [(w, b) for w in args.ranks for b in (args.blocks if w == 1 else [0])]
+    settings = [(w, b, 0) for w in args.ranks for b in (args.blocks if w == 1 else [0])]
+    settings += [(1, 0, k) for k in args.candidates]
     for round_ in range(args.rounds):
-        for world, block in settings:
+        for world, block, candidates in settings:
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
             threads = max(1, cores // world)
             with tempfile.TemporaryDirectory() as tmp:
                 out = str(Path(tmp) / "rank")
-                mp.spawn(_rank, args=(world, port, threads, args, out, block), nprocs=world)
+                mp.spawn(
+                    _rank,
+                    args=(world, port, threads, args, out, block, candidates),
+                    nprocs=world,
+                )
                 ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(world)]
             run = {
                 "round": round_,
                 "ranks": world,
                 "block": block,
+                "candidates": candidates or "all",
                 "threads_per_rank": threads,
                 "seconds": round(max(x["seconds"] for x in ranks), 2),
                 "mrr": ranks[0]["mrr"],
@@ -153,7 +179,7 @@ def main() -> None:
         "runs": runs,
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"eval_split_{args.entities}.json"
+    path = RESULTS / (args.out or f"eval_split_{args.entities}.json")
     path.write_text(json.dumps(out_json, indent=2) + "\n")
     print(f"wrote {path}")
 

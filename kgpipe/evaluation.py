@@ -18,7 +18,9 @@ blocks are for the CPU's caches, and on an H100 they made the FB15k-237 test 2x 
 smaller kernels).
 
 A *sampled* mode ranks each query against ``k`` random entities instead of all; its numbers are
-not comparable to published results and are labelled ``"candidates": "sampled-k"``.
+not comparable to published results and are labelled ``"candidates": "sampled-k"``. The
+OGB-style protocol gives every query its own fixed candidates instead
+(:mod:`kgpipe.query_candidates`, labelled ``"per-query-k"``).
 
 *Split over the ranks of a gang* (``part=(rank, world)``, a process group initialised): each
 rank scores every query against its own range of entity ids only, counts the better and equal
@@ -39,6 +41,8 @@ import torch
 from torch import Tensor
 
 from kgpipe.models.model import KGEModel
+from kgpipe.query_candidates import QueryCandidates
+from kgpipe.query_candidates import ranks as per_query_ranks
 
 __all__ = [
     "FilterIndex",
@@ -141,18 +145,23 @@ def evaluate(
     generator: torch.Generator | None = None,
     progress: ProgressFn | None = None,
     part: tuple[int, int] = (0, 1),
+    candidates: QueryCandidates | None = None,
 ) -> dict[str, Any]:
     """Filtered link-prediction metrics of ``triples`` ``(n, 3)`` on both sides.
 
     ``part``: ``(rank, world)`` of a gang whose every rank calls this with the same arguments
-    (each scores its range of entities; see the module's notes). Returns ``{"mrr", "mr",
-    "hits@1", "hits@3", "hits@10", "head": {...}, "tail": {...}, "triples", "candidates"}``.
+    (each scores its range of entities; see the module's notes). ``candidates``: rank each
+    query against its own candidates (the OGB-style protocol) instead of all entities. Returns
+    ``{"mrr", "mr", "hits@1", "hits@3", "hits@10", "head": {...}, "tail": {...}, "triples",
+    "candidates"}``.
     """
     triples = triples.long()
     n = int(triples.shape[0])
     num_entities = model.spec.num_entities
-    if part[1] > 1 and sampled is not None:
-        raise ValueError("sampled evaluation is not split over ranks")
+    if part[1] > 1 and (sampled is not None or candidates is not None):
+        raise ValueError("sampled and per-query evaluation are not split over ranks")
+    if sampled is not None and candidates is not None:
+        raise ValueError("choose sampled or per-query candidates, not both")
     sample = None if sampled is None else sample_candidates(num_entities, sampled, generator)
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     done = 0
@@ -162,7 +171,11 @@ def evaluate(
     for side in ("tail", "head"):
         for start in range(0, n, batch_size):
             chunk = triples[start : start + batch_size]
-            if part[1] > 1:
+            if candidates is not None:
+                targets = chunk[:, 2] if side == "tail" else chunk[:, 0]
+                drawn = candidates.draw(num_entities, side, targets, start)
+                got = per_query_ranks(model, side, chunk, filter_index, drawn)
+            elif part[1] > 1:
                 got = _split_ranks(model, side, chunk, filter_index, part)
             else:
                 got = _chunk_ranks(model, side, chunk, filter_index, sample, blocks)
@@ -170,6 +183,8 @@ def evaluate(
             done += int(chunk.shape[0])
             if progress is not None:
                 progress(done, total)
+    if candidates is not None:
+        return summarise(ranks, n, candidates.label())
     return summarise(ranks, n, "all" if sample is None else f"sampled-{int(sample.numel())}")
 
 

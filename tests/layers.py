@@ -76,6 +76,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "kgpipe.training.loop",
             "kgpipe.evaluation",
+            "kgpipe.query_candidates",
             "kgpipe.checkpoint",
             "kgpipe.export",
             "kgpipe.export_shards",

@@ -114,6 +114,30 @@ def test_evaluate_reproduces_results(trained_run: Path, capsys: pytest.CaptureFi
     assert json.loads(capsys.readouterr().out)["triples"] == 652
 
 
+def test_evaluate_with_per_query_candidates(
+    trained_run: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--candidates K` ranks against K candidates per query (the OGB-style protocol), the
+    same numbers at any batch size; `--candidates all` goes back to every entity."""
+    got = []
+    for batch in ("7", "512"):
+        argv = ["evaluate", str(trained_run), "--json", "--candidates", "20", "--batch-size", batch]
+        assert main(argv) == 0
+        got.append(json.loads(capsys.readouterr().out))
+    assert got[0]["mrr"] == got[1]["mrr"]
+    assert got[0]["protocol"]["candidates"] == "per-query-20"
+    assert got[0]["mr"] <= 21.0
+    saved = json.loads((trained_run / "results.json").read_text())
+    assert got[0]["mrr"] > saved["mrr"]  # 20 competitors at most instead of 134
+    assert main(["evaluate", str(trained_run), "--json", "--candidates", "all"]) == 0
+    assert json.loads(capsys.readouterr().out)["mrr"] == pytest.approx(saved["mrr"], abs=1e-12)
+    assert main(["evaluate", str(trained_run), "--candidates", "20"]) == 0
+    shown = capsys.readouterr()
+    assert "ranked against 20 candidates per query" in shown.out + shown.err
+    with pytest.raises(SystemExit):
+        main(["evaluate", str(trained_run), "--candidates", "0"])
+
+
 def test_export_formats(trained_run: Path, tmp_path: Path) -> None:
     assert (
         main(["export", str(trained_run), "--format", "npy", "--out", str(tmp_path / "npy")]) == 0

@@ -174,22 +174,26 @@ def test_sharded_step_sync_equals_single_process(tmp_path: Path, model: str) -> 
     assert held == [([0, 2, 4], True), ([1, 3], False)]
 
 
-@pytest.mark.parametrize("sampled", [None, 40])
-def test_sharded_validation_equals_single_process(tmp_path: Path, sampled: int | None) -> None:
-    """Each rank ranks the queries against its own rows (all of them, or those in the sample);
-    the counts sum to the single-process ranks (updates below float32's resolution keep both
-    models as initialised)."""
+@pytest.mark.parametrize(
+    ("sampled", "candidates"), [(None, None), (40, None), (None, 30)], ids=["all", "sampled", "ogb"]
+)
+def test_sharded_validation_equals_single_process(
+    tmp_path: Path, sampled: int | None, candidates: int | None
+) -> None:
+    """Each rank ranks the queries against its own rows (all of them, those in the sample, or
+    the per-query candidates it owns); the counts sum to the single-process ranks (updates
+    below float32's resolution keep both models as initialised)."""
     sections = {
         "model": {"name": "complex", "dim": 32, "init": "uniform", "init_scale": 0.1},
         "training": {**TRAINING, "lr": 1e-30},
-        "evaluation": {"test": False, "every": 1, "sampled": sampled},
+        "evaluation": {"test": False, "every": 1, "sampled": sampled, "candidates": candidates},
     }
     train(_config(tmp_path, "single", **sections))
     train(
         _config(tmp_path, "sharded", **sections, distributed={"workers": 2, "strategy": "sharded"})
     )
     one, two = _metrics(tmp_path, "single"), _metrics(tmp_path, "sharded")
-    want = "all" if sampled is None else f"sampled-{sampled}"
+    want = f"sampled-{sampled}" if sampled else f"per-query-{candidates}" if candidates else "all"
     assert [r["valid_candidates"] for r in two] == [want] * len(one)
     assert [r["valid_candidates"] for r in one] == [want] * len(one)
     for key in ("valid_mrr", "valid_mr", "valid_hits@10"):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Literal
 
 from rich.console import Console
 
@@ -25,8 +26,22 @@ def add_arguments(e: argparse.ArgumentParser) -> None:
         default=None,
         help="queries ranked at once (default: the run's evaluation.batch_size)",
     )
+    e.add_argument(
+        "--candidates",
+        type=_candidates,
+        metavar="K|all",
+        default=None,
+        help="rank each answer against K candidates of its own (the OGB-style protocol, "
+        "evaluation.candidates) or against all entities (default: as the run was evaluated)",
+    )
     e.add_argument("--checkpoint", type=checkpoint, metavar="best|latest|N", help=CHECKPOINT_HELP)
     e.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _candidates(text: str) -> int | Literal["all"]:
+    if text == "all":
+        return "all"
+    return positive_int(text)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -46,6 +61,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             batch_size=args.batch_size,
             progress=progress,
             checkpoint=args.checkpoint,
+            candidates=args.candidates,
         )
     if args.json:
         print(json.dumps(results, indent=2))

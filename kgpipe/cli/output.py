@@ -141,6 +141,12 @@ def print_metrics(console: Console, results: dict[str, Any], title: str) -> None
     for side, m in (("both", results), ("head", results["head"]), ("tail", results["tail"])):
         table.add_row(side, *(f"{m[k]:.4f}" if k != "mr" else f"{m[k]:.1f}" for k in keys))
     console.print(table)
+    sets = results.get("protocol", {}).get("candidate_sets")
+    if sets is not None:  # a title is cut to the table's width: a line of its own
+        console.print(
+            f"ranked against {sets['per_query']} candidates per query (seed {sets['seed']}), "
+            "not all entities: not comparable with full ranking"
+        )
 
 
 class Terminated(BaseException):

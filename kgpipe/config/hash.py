@@ -45,6 +45,9 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
             "every": config.evaluation.every,
             "sampled": config.evaluation.sampled,
         }
+        if config.evaluation.candidates is not None:  # older runs keep their hash
+            data["evaluation"]["candidates"] = config.evaluation.candidates
+            data["evaluation"]["candidates_seed"] = config.evaluation.candidates_seed
     else:  # runs from before the plateau schedule keep their hash
         training.pop("plateau", None)
     if config.data.split is None:  # runs from before data.split existed keep their hash

@@ -167,6 +167,21 @@ class EvaluationConfig(Frozen):
             "results are labelled as sampled)."
         ),
     )
+    candidates: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "OGB-style protocol, for graphs where ranking against all entities costs too much: "
+            "rank each validation and test answer against its own fixed set of this many "
+            "entities (drawn uniformly, with replacement, from the entities other than the "
+            "answer; the same set at every validation and in every run with the same "
+            "candidates_seed; known true triples among them filtered). Not comparable with "
+            "full ranking; results.json names the protocol."
+        ),
+    )
+    candidates_seed: int = Field(
+        default=0, ge=0, description="Seed of the per-query candidate sets (`candidates`)."
+    )
     test: bool = Field(default=True, description="Evaluate on test at the end of training.")
     patience: int | None = Field(
         default=None,
@@ -181,4 +196,9 @@ class EvaluationConfig(Frozen):
     def _patience(self) -> EvaluationConfig:
         if self.patience and not self.every:
             raise ValueError("evaluation.patience needs evaluation.every > 0")
+        if self.sampled is not None and self.candidates is not None:
+            raise ValueError(
+                "evaluation.sampled (one shared sample, validation only) and "
+                "evaluation.candidates (per-query candidate sets) exclude each other"
+            )
         return self

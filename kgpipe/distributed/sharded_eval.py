@@ -5,6 +5,10 @@ The query's anchor rows (``h`` of ``(h, r, ?)``, ``t`` of ``(?, r, t)``) are fet
 owners once per chunk (a few rows per query); the score matrix a rank computes is ``chunk x its
 rows``, so memory per rank is bounded by its share of the entities. The counting is the same as
 the range-split validation of a replicated gang (:func:`kgpipe.evaluation.split_block_ranks`).
+
+Per-query candidates (the OGB-style protocol, :mod:`kgpipe.query_candidates`): every rank draws
+the same candidates, scores the pairs whose candidate row it owns, and the answer's score (from
+its owner) and the better and equal counts are summed over the ranks.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from kgpipe.evaluation import (
     summarise,
 )
 from kgpipe.models.model import KGEModel
+from kgpipe.query_candidates import QueryCandidates, count_ranks, known_mask, pair_scores
 
 __all__ = ["evaluate_sharded"]
 
@@ -37,6 +42,7 @@ def evaluate_sharded(
     batch_size: int = 256,
     sampled: int | None = None,
     progress: ProgressFn | None = None,
+    candidates: QueryCandidates | None = None,
 ) -> dict[str, Any]:
     """Filtered metrics of ``triples`` on both sides, like :func:`~kgpipe.evaluation.evaluate`
     (``sampled``: against the target and the same ``sampled`` entities, those of one process);
@@ -47,6 +53,10 @@ def evaluate_sharded(
     # the validation's fetches are not the next epoch's training traffic
     counters = (comm.seconds, comm.bytes_sent, comm.calls)
     try:
+        if candidates is not None:
+            return _per_query(
+                model, exchange, triples, filter_index, batch_size, candidates, progress
+            )
         return _evaluate(
             model, exchange, triples, filter_index, batch_size, sampled, progress, locate
         )
@@ -103,3 +113,54 @@ def _evaluate(
             if progress is not None:
                 progress(done, 2 * n)
     return summarise(ranks, n, candidates)
+
+
+def _per_query(
+    model: KGEModel,
+    exchange: ShardedExchange,
+    triples: Tensor,
+    filter_index: FilterIndex,
+    batch_size: int,
+    candidates: QueryCandidates,
+    progress: ProgressFn | None,
+) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    n = int(triples.shape[0])
+    num_entities = model.spec.num_entities
+    dev = model.entity.device
+    ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
+    done = 0
+    for side in ("tail", "head"):
+        for start in range(0, n, batch_size):
+            chunk = triples[start : start + batch_size]
+            h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+            anchors, targets = (h, t) if side == "tail" else (t, h)
+            drawn = candidates.draw(num_entities, side, targets, start)
+            ids = torch.cat((targets.unsqueeze(1), drawn), 1).to(dev)
+            b, c = ids.shape
+            uniq, inv = torch.unique(anchors, return_inverse=True)
+            rows = exchange.fetch(uniq.to(dev))[inv.to(dev)]
+            own, pos = exchange.index.locate(ids.reshape(-1))
+            pairs = own.nonzero().squeeze(1)
+            query = pairs // c
+            scores = torch.zeros(b * c, dtype=torch.float32, device=dev)
+            if pairs.numel():
+                got = pair_scores(
+                    model, side, rows[query], r.to(dev)[query], model.entity[pos[pairs]]
+                )
+                scores[pairs] = got.float()
+            scores = scores.view(b, c)
+            owned = own.view(b, c)
+            true = torch.where(owned[:, 0], scores[:, 0], torch.zeros_like(scores[:, 0]))
+            dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+            scores[:, 0] = true
+            known = known_mask(filter_index, side, anchors, r, drawn, num_entities).to(dev)
+            better, equal = count_ranks(scores, known | ~owned[:, 1:])
+            counts = torch.stack((better, equal))
+            dist.all_reduce(counts)
+            ranks[side].append((1.0 + counts[0].double() + counts[1].double() / 2.0).cpu())
+            done += int(chunk.shape[0])
+            if progress is not None:
+                progress(done, 2 * n)
+    return summarise(ranks, n, candidates.label())

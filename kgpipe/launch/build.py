@@ -103,7 +103,8 @@ def splits_validation(config: RunConfig, world_size: int) -> bool:
     gang of one). A sharded gang always splits it: no rank holds every row."""
     ev = config.evaluation
     sharded = config.distributed.strategy == "sharded"
-    return world_size > 1 and bool(ev.every) and (ev.sampled is None or sharded)
+    whole = ev.sampled is None and ev.candidates is None
+    return world_size > 1 and bool(ev.every) and (whole or sharded)
 
 
 def build_trainer(

@@ -37,6 +37,7 @@ from typing import Any
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
+from kgpipe.query_candidates import PAIRS
 
 __all__ = ["RankMemory", "check_gang_memory", "format_bytes", "rank_memory"]
 
@@ -133,11 +134,20 @@ def rank_memory(
 def _validation(config: RunConfig, num_entities: int, num_train: int, world: int) -> int:
     """The filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
-    range of entities when a gang splits full ranking, else all of them)."""
+    range of entities when a gang splits full ranking, else all of them); with per-query
+    candidates, each query's own and the rows gathered for a group of pairs."""
     ev = config.evaluation
+    index = 2 * 4 * 8 * num_train
+    if ev.candidates is not None:
+        pairs = min(PAIRS, ev.batch_size * (1 + ev.candidates))
+        return (
+            index
+            + (4 + 1 + 8 * 2) * ev.batch_size * (1 + ev.candidates)
+            + (3 * 4 * 2 * config.model.dim * pairs)
+        )
     split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
     candidates = -(-num_entities // world) if split else num_entities
-    return 2 * 4 * 8 * num_train + (4 + 1) * ev.batch_size * candidates
+    return index + (4 + 1) * ev.batch_size * candidates
 
 
 def check_gang_memory(

@@ -23,6 +23,7 @@ from kgpipe.config import RunConfig
 from kgpipe.errors import KgpipeError
 from kgpipe.evaluation import FilterIndex, evaluate
 from kgpipe.models.model import KGEModel
+from kgpipe.query_candidates import QueryCandidates
 from kgpipe.runs.folder import METRICS
 from kgpipe.runs.segments import validation_due
 from kgpipe.storage import Store
@@ -75,6 +76,7 @@ class Validation(Callback):
         self.valid = valid
         self.index = index
         self.cfg = config.evaluation
+        self.candidates = QueryCandidates.from_config(config, "valid")
         self.total_epochs = config.training.epochs
         self.tick = tick
 
@@ -93,6 +95,7 @@ class Validation(Callback):
                 batch_size=self.cfg.batch_size,
                 sampled=self.cfg.sampled,
                 progress=progress,
+                candidates=self.candidates,
             )
         else:
             m = evaluate(
@@ -103,6 +106,7 @@ class Validation(Callback):
                 sampled=self.cfg.sampled,
                 progress=progress,
                 part=self.part,
+                candidates=self.candidates,
             )
         keys = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
         stats.extra.update({f"valid_{k}": m[k] for k in keys})

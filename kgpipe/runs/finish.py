@@ -19,6 +19,7 @@ from kgpipe.export import export_embeddings, save_model
 from kgpipe.export_shards import export_sharded
 from kgpipe.models.model import KGEModel
 from kgpipe.process import ThreadGovernor, configure
+from kgpipe.query_candidates import QueryCandidates
 from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder
 
 __all__ = ["evaluation_protocol", "finish_run", "test_results"]
@@ -28,7 +29,7 @@ Log = Callable[[str], None]
 
 def evaluation_protocol(config: RunConfig, *, candidates: str = "all") -> dict[str, Any]:
     """The protocol stated next to every metric we write."""
-    return {
+    protocol: dict[str, Any] = {
         "task": "link prediction, both sides (head and tail queries)",
         "ranking": "filtered",
         "filter": ["train", "valid", "test"],
@@ -37,6 +38,16 @@ def evaluation_protocol(config: RunConfig, *, candidates: str = "all") -> dict[s
         "unseen": config.data.unseen,
         "metrics": ["mrr", "mr", "hits@1", "hits@3", "hits@10"],
     }
+    if candidates.startswith("per-query-"):
+        protocol["candidate_sets"] = {
+            "per_query": config.evaluation.candidates,
+            "seed": config.evaluation.candidates_seed,
+            "drawn": "uniformly, with replacement, from the entities other than the answer; "
+            "fixed per split, triple and side (kgpipe.query_candidates)",
+            "filtered": "candidates that form a known true triple do not count",
+            "comparable_with_full_ranking": False,
+        }
+    return protocol
 
 
 def test_results(
@@ -49,7 +60,14 @@ def test_results(
 ) -> dict[str, Any]:
     """Filtered metrics of ``triples`` as ``results.json`` states them (with the protocol)."""
     t0 = time.perf_counter()
-    m = evaluate(model, triples, index, batch_size=config.evaluation.batch_size, progress=progress)
+    m = evaluate(
+        model,
+        triples,
+        index,
+        batch_size=config.evaluation.batch_size,
+        progress=progress,
+        candidates=QueryCandidates.from_config(config, split),
+    )
     seconds = time.perf_counter() - t0
     return {
         "split": split,

@@ -152,11 +152,16 @@ def evaluate_run(
     storage_options: dict[str, Any] | None = None,
     progress: ProgressFn | None = None,
     checkpoint: CheckpointChoice = None,
+    candidates: int | Literal["all"] | None = None,
 ) -> dict[str, Any]:
     """Re-read a run's data and evaluate its model on ``split`` (``valid`` or ``test``): the
-    final model, or that of a committed checkpoint (then ``checkpoint_epoch`` says which)."""
+    final model, or that of a committed checkpoint (then ``checkpoint_epoch`` says which).
+    ``candidates``: ``k`` per-query candidates (the OGB-style protocol) or ``"all"`` entities
+    instead of the run's own ``evaluation.candidates``."""
     if batch_size is not None and batch_size < 1:
         raise RunError(f"batch_size must be a positive number, not {batch_size}")
+    if isinstance(candidates, int) and candidates < 1:
+        raise RunError(f"candidates must be a positive number or 'all', not {candidates}")
     run = load_run(url, storage_options, checkpoint=checkpoint)
     dataset = load_dataset(run.config.data)
     if dataset.vocab != run.vocab:
@@ -169,10 +174,14 @@ def evaluate_run(
     if triples.numel() == 0:
         raise RunError(f"{url}: the run has no {split} split")
     cfg = run.config
+    changes: dict[str, Any] = {}
     if batch_size is not None:
-        cfg = cfg.model_copy(
-            update={"evaluation": cfg.evaluation.model_copy(update={"batch_size": batch_size})}
-        )
+        changes["batch_size"] = batch_size
+    if candidates is not None:
+        changes["candidates"] = None if candidates == "all" else candidates
+        changes["sampled"] = None  # validation only; the two exclude each other
+    if changes:
+        cfg = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update=changes)})
     index = FilterIndex.from_triples(
         [dataset.train, dataset.valid, dataset.test], dataset.num_relations
     )

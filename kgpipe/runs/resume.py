@@ -74,7 +74,7 @@ def check_resumable(store: Store, config: RunConfig) -> Resume:
             f"{store.url}: this run folder exists and its config.yaml trains something else "
             f"({listed}); a run continues only with what it was started with. "
             f"{', '.join(RESUMABLE_CHANGES)} and training.threads/device/precision/allocator "
-            f"may change (evaluation.every and .sampled not under training.schedule="
+            f"may change (evaluation.every, .sampled and .candidates not under training.schedule="
             f"{'/'.join(follows)}), and training.epochs may grow under a "
             f"{' or '.join(extendable)} learning-rate schedule. For a new run choose another "
             "run.name, or --overwrite to replace this one"

@@ -1,0 +1,150 @@
+"""OGB-style evaluation: each query's answer ranked against its own fixed set of candidates.
+
+Ranking against every entity is exact but costs ``queries x entities`` scores. On graphs of
+millions of entities the Open Graph Benchmark's link-prediction tasks (ogbl-wikikg2, ogbl-biokg)
+rank each answer against a fixed set of sampled candidates instead. Here:
+
+- each query (a triple of the split, and a side) gets ``k`` candidates drawn uniformly, with
+  replacement, from the entities other than its answer, by a generator seeded with ``seed``,
+  the split, the side and the triple's position in the split: the same set at every
+  validation, in every run with the same seed, whatever the batch size or the number of ranks;
+- a candidate that forms a known true triple (train, valid or test) is filtered out, as in the
+  full protocol; ties get the realistic rank, ``1 + #better + #equal / 2``;
+- every score, the answer's included, is the same pairwise computation
+  (``Interaction.score`` on gathered rows), so ties are exact, and a sharded gang, whose ranks
+  each score the candidates whose rows they own, counts exactly what one process counts.
+
+The numbers are higher than, and not comparable with, ranking against all entities; results
+name the protocol (``"candidates": "per-query-k"``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from kgpipe.config import RunConfig
+    from kgpipe.models.model import KGEModel
+
+__all__ = ["PAIRS", "QueryCandidates", "count_ranks", "known_mask", "pair_scores", "ranks"]
+
+#: triples of a split per generator stream (the draws do not depend on the batch size)
+GROUP = 1024
+#: (query, candidate) pairs scored at once: bounds the gathered rows to PAIRS x dim floats each
+PAIRS = 1 << 15
+
+
+class FilterIndex(Protocol):
+    """The known answers of queries (:class:`kgpipe.evaluation.FilterIndex`)."""
+
+    def answers(self, side: str, anchors: Tensor, relations: Tensor) -> tuple[Tensor, Tensor]: ...
+
+
+@dataclass(frozen=True)
+class QueryCandidates:
+    """``k`` candidates per query of ``split``, drawn from ``seed``."""
+
+    k: int
+    seed: int = 0
+    split: str = "valid"
+
+    @classmethod
+    def from_config(cls, config: RunConfig, split: str) -> QueryCandidates | None:
+        ev = config.evaluation
+        return None if ev.candidates is None else cls(ev.candidates, ev.candidates_seed, split)
+
+    def label(self) -> str:
+        return f"per-query-{self.k}"
+
+    def draw(self, num_entities: int, side: str, targets: Tensor, start: int) -> Tensor:
+        """Candidates ``(b, k)`` of the queries of triples ``start .. start + b`` of the split
+        on ``side`` (whose answers are ``targets``): never the answer itself."""
+        if num_entities < 2:
+            raise ValueError("per-query candidates need a graph of at least 2 entities")
+        b = int(targets.shape[0])
+        if b == 0:
+            return torch.zeros((0, self.k), dtype=torch.long)
+        first, last = start // GROUP, (start + b - 1) // GROUP
+        parts = []
+        for group in range(first, last + 1):
+            gen = torch.Generator().manual_seed(self._stream(side, group))
+            parts.append(torch.randint(0, num_entities - 1, (GROUP, self.k), generator=gen))
+        offset = start - first * GROUP
+        drawn = torch.cat(parts)[offset : offset + b]
+        # from the num_entities - 1 others: ids at or above the answer move up by one
+        return drawn + (drawn >= targets.cpu().long().unsqueeze(1)).long()
+
+    def _stream(self, side: str, group: int) -> int:
+        key = f"kgpipe-candidates:{self.seed}:{self.split}:{side}:{group}".encode()
+        return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
+
+
+def pair_scores(
+    model: KGEModel, side: str, anchor_rows: Tensor, relations: Tensor, candidate_rows: Tensor
+) -> Tensor:
+    """Scores ``(n,)`` of ``n`` (query, candidate) pairs given as rows: ``(anchor, r, candidate)``
+    for tail queries, ``(candidate, r, anchor)`` for head queries (``(anchor, r^-1,
+    candidate)`` in a reciprocal model, as its full ranking scores them)."""
+    inter, rel = model.interaction, model.relation
+    if side == "tail":
+        return inter.score(anchor_rows, rel[relations], candidate_rows)
+    if model.spec.reciprocal:
+        return inter.score(anchor_rows, rel[model.inverse(relations)], candidate_rows)
+    return inter.score(candidate_rows, rel[relations], anchor_rows)
+
+
+def known_mask(
+    index: FilterIndex,
+    side: str,
+    anchors: Tensor,
+    relations: Tensor,
+    candidates: Tensor,
+    num_entities: int,
+) -> Tensor:
+    """``(b, k)``: which candidates form a known true triple with their query (filtered out)."""
+    rows, cols = index.answers(side, anchors.cpu(), relations.cpu())
+    keys = rows * num_entities + cols
+    mine = torch.arange(candidates.shape[0]).unsqueeze(1) * num_entities + candidates.cpu()
+    return torch.isin(mine, keys)
+
+
+def count_ranks(scores: Tensor, excluded: Tensor) -> tuple[Tensor, Tensor]:
+    """Better and equal candidates per query: ``scores`` ``(b, 1 + k)`` holds the answer's
+    score in column 0; ``excluded`` ``(b, k)`` marks candidates that do not count."""
+    true = scores[:, :1]
+    others = scores[:, 1:].masked_fill(excluded.to(scores.device), float("-inf"))
+    return (others > true).sum(1), (others == true).sum(1)
+
+
+def ranks(
+    model: KGEModel,
+    side: str,
+    chunk: Tensor,
+    index: FilterIndex,
+    candidates: Tensor,
+) -> Tensor:
+    """Realistic ranks ``(b,)`` of this chunk's answers among their own ``candidates``
+    ``(b, k)``, by a model that holds the whole entity table."""
+    dev = model.entity.device
+    h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
+    anchors, targets = (h, t) if side == "tail" else (t, h)
+    ids = torch.cat((targets.unsqueeze(1), candidates), 1)
+    b, c = ids.shape
+    flat = ids.reshape(-1).to(dev)
+    query = torch.arange(b, device=dev).repeat_interleave(c)
+    anchors_d, relations_d = anchors.to(dev), r.to(dev)
+    parts = []
+    for lo in range(0, b * c, PAIRS):
+        q, e = query[lo : lo + PAIRS], flat[lo : lo + PAIRS]
+        rows = model.entity[anchors_d[q]]
+        parts.append(pair_scores(model, side, rows, relations_d[q], model.entity[e]))
+    scores = torch.cat(parts).view(b, c) if parts else torch.zeros((b, c), device=dev)
+    better, equal = count_ranks(
+        scores, known_mask(index, side, anchors, r, candidates, model.spec.num_entities)
+    )
+    return 1.0 + better.double() + equal.double() / 2.0
