@@ -11,8 +11,12 @@ rank each answer against a fixed set of sampled candidates instead. Here:
 - a candidate that forms a known true triple (train, valid or test) is filtered out, as in the
   full protocol; ties get the realistic rank, ``1 + #better + #equal / 2``;
 - every score, the answer's included, is the same pairwise computation
-  (``Interaction.score`` on gathered rows), so ties are exact, and a sharded gang, whose ranks
-  each score the candidates whose rows they own, counts exactly what one process counts.
+  (``Interaction.score`` on gathered rows, at most :data:`PAIRS` pairs at once), so ties are
+  exact, and a sharded gang, whose ranks each score the candidates whose rows they own, counts
+  exactly what one process counts. That rests on a pair's score not depending on how many pairs
+  one call scores: true of the CPU's row-wise sums (tested, ties included); a GPU library may
+  reduce a smaller call another way and move an exact tie by half a rank (not yet checked on a
+  GPU).
 
 The numbers are higher than, and not comparable with, ranking against all entities; results
 name the protocol (``"candidates": "per-query-k"``).
@@ -33,8 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["PAIRS", "QueryCandidates", "count_ranks", "known_mask", "pair_scores", "ranks"]
 
-#: triples of a split per generator stream (the draws do not depend on the batch size)
-GROUP = 1024
+#: triples of a split per generator stream (the draws do not depend on the batch size); a
+#: chunk draws at most this many rows more than it needs
+GROUP = 64
 #: (query, candidate) pairs scored at once: bounds the gathered rows to PAIRS x dim floats each
 PAIRS = 1 << 15
 
@@ -73,7 +78,10 @@ class QueryCandidates:
         parts = []
         for group in range(first, last + 1):
             gen = torch.Generator().manual_seed(self._stream(side, group))
-            parts.append(torch.randint(0, num_entities - 1, (GROUP, self.k), generator=gen))
+            # a group's first rows, up to the last this chunk needs (the CPU generator fills a
+            # tensor in order: these rows are the same as those of the whole group's draw)
+            rows = min(GROUP, start + b - group * GROUP)
+            parts.append(torch.randint(0, num_entities - 1, (rows, self.k), generator=gen))
         offset = start - first * GROUP
         drawn = torch.cat(parts)[offset : offset + b]
         # from the num_entities - 1 others: ids at or above the answer move up by one
@@ -130,6 +138,7 @@ def ranks(
 ) -> Tensor:
     """Realistic ranks ``(b,)`` of this chunk's answers among their own ``candidates``
     ``(b, k)``, by a model that holds the whole entity table."""
+    model._whole()  # a sharded model scores with kgpipe.distributed.sharded_eval
     dev = model.entity.device
     h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
     anchors, targets = (h, t) if side == "tail" else (t, h)

@@ -81,15 +81,20 @@ def test_plateau_schedule_step_sync_equals_single_process(tmp_path: Path) -> Non
         assert [json.loads(x)["lr"] for x in rows] == [0.01, 0.01, 0.01, 0.01, 0.005], name
 
 
-def test_every_rank_of_a_gang_validates_its_share_of_the_entities(tmp_path: Path) -> None:
+@pytest.mark.parametrize("candidates", [None, 30])
+def test_every_rank_of_a_gang_validates_its_share_of_the_entities(
+    tmp_path: Path, candidates: int | None
+) -> None:
     """Full filtered validation on a gang is split over its ranks (each scores its range of
     entities, the counts are all-reduced): with updates too small to change a value both runs
-    validate the same model, and the gang's validation metrics are the single process's."""
+    validate the same model, and the gang's validation metrics are the single process's.
+    Per-query candidates (`evaluation.candidates`) are cheap: rank 0 alone ranks them, with the
+    same metrics as one process."""
     sections = {
         "model": {"name": "complex", "dim": 32, "init": "uniform", "init_scale": 0.1},
         # updates below float32's resolution: the model stays as initialised
         "training": {"epochs": 2, "batch_size": 512, "negatives": 8, "lr": 1e-30},
-        "evaluation": {"test": False, "every": 1},
+        "evaluation": {"test": False, "every": 1, "candidates": candidates},
     }  # fmt: skip
     _run(tmp_path, "single", **sections)
     _run(tmp_path, "gang", **sections, distributed={"workers": 2, "sync": "epoch"})
@@ -100,8 +105,10 @@ def test_every_rank_of_a_gang_validates_its_share_of_the_entities(tmp_path: Path
     for key in ("valid_mrr", "valid_mr", "valid_hits@10"):
         one, two = [r[key] for r in rows["single"]], [r[key] for r in rows["gang"]]
         assert two == pytest.approx(one, rel=1e-9), key
-    assert [r["valid_ranks"] for r in rows["gang"]] == [2, 2]
+    assert [r["valid_ranks"] for r in rows["gang"]] == ([1, 1] if candidates else [2, 2])
     assert [r["valid_ranks"] for r in rows["single"]] == [1, 1]
+    want = f"per-query-{candidates}" if candidates else "all"
+    assert [r["valid_candidates"] for r in rows["gang"]] == [want, want]
 
 
 def test_cluster_spec_is_pure() -> None:

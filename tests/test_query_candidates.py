@@ -10,7 +10,9 @@ import pytest
 import torch
 from test_evaluation import _case, _random_triples
 
+import kgpipe.query_candidates as qcm
 from kgpipe.config import ModelConfig, parse_config
+from kgpipe.config.hash import config_hash
 from kgpipe.errors import ConfigError
 from kgpipe.evaluation import FilterIndex, evaluate
 from kgpipe.models.interactions import INTERACTIONS
@@ -53,7 +55,13 @@ def _brute_force(
 @pytest.mark.parametrize("name", sorted(INTERACTIONS))
 @pytest.mark.parametrize("reciprocal", [False, True])
 @pytest.mark.parametrize("ties", [False, True])
-def test_per_query_ranks_match_brute_force(name: str, reciprocal: bool, ties: bool) -> None:
+@pytest.mark.parametrize("pairs", [None, 7])
+def test_per_query_ranks_match_brute_force(
+    name: str, reciprocal: bool, ties: bool, pairs: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with the pairs scored 7 at a time (groups that cut across queries)."""
+    if pairs is not None:
+        monkeypatch.setattr(qcm, "PAIRS", pairs)
     model, test, known = _case(name, reciprocal, ties)
     index = FilterIndex.from_triples(known, model.spec.num_relations)
     qc = QueryCandidates(k=9, seed=3, split="test")
@@ -105,7 +113,7 @@ def test_draws_are_fixed_per_triple_and_never_the_answer() -> None:
     assert int(whole.min()) >= 0 and int(whole.max()) < ne
     assert not (whole == targets.unsqueeze(1)).any()
     # the same rows whatever the chunking (batch sizes cut the split anywhere)
-    for size in (1, 100, GROUP, GROUP + 1):
+    for size in (1, 7, GROUP - 1, GROUP, GROUP + 1, 1000):
         parts = [qc.draw(ne, "tail", targets[s : s + size], s) for s in range(0, n, size)]
         assert torch.equal(torch.cat(parts), whole), size
     # another side, split or seed draws other candidates
@@ -167,3 +175,20 @@ def test_config_refuses_both_samplings_and_runs_state_the_protocol(tmp_path: Pat
     assert results["mr"] <= 21.0
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["valid_candidates"] for m in metrics] == ["per-query-20"] * 2
+
+
+def test_the_protocol_is_part_of_what_early_stopping_compares() -> None:
+    """Under early stopping a resume may not switch protocols (per-query MRRs run far above
+    full ranking's); without it, it may; a config without candidates hashes as before."""
+
+    def cfg(**evaluation: object) -> object:
+        return parse_config({"data": {"dataset": "umls"}, "evaluation": {"every": 1, **evaluation}})
+
+    assert config_hash(cfg(candidates=50)) == config_hash(cfg())
+    assert config_hash(cfg(patience=2, candidates=50)) != config_hash(cfg(patience=2))
+    assert config_hash(cfg(patience=2, candidates=50)) != config_hash(
+        cfg(patience=2, candidates=50, candidates_seed=1)
+    )
+    assert config_hash(cfg(patience=2, candidates=50)) == config_hash(
+        cfg(patience=2, candidates=50)
+    )

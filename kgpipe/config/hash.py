@@ -45,11 +45,16 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
             "every": config.evaluation.every,
             "sampled": config.evaluation.sampled,
         }
-        if config.evaluation.candidates is not None:  # older runs keep their hash
-            data["evaluation"]["candidates"] = config.evaluation.candidates
-            data["evaluation"]["candidates_seed"] = config.evaluation.candidates_seed
     else:  # runs from before the plateau schedule keep their hash
         training.pop("plateau", None)
+    ev = config.evaluation
+    if ev.candidates is not None and (ev.patience or "evaluation" in data):
+        # per-query MRRs run far above full ranking's: early stopping (and a schedule that
+        # follows validation) must not compare one protocol's validations with the other's.
+        # Only set where candidates are, so that every older run keeps its hash.
+        data.setdefault("evaluation", {}).update(
+            candidates=ev.candidates, candidates_seed=ev.candidates_seed
+        )
     if config.data.split is None:  # runs from before data.split existed keep their hash
         data["data"].pop("split", None)
     if data["data"].get("header") == "auto":

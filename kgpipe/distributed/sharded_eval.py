@@ -27,7 +27,13 @@ from kgpipe.evaluation import (
     summarise,
 )
 from kgpipe.models.model import KGEModel
-from kgpipe.query_candidates import QueryCandidates, count_ranks, known_mask, pair_scores
+from kgpipe.query_candidates import (
+    PAIRS,
+    QueryCandidates,
+    count_ranks,
+    known_mask,
+    pair_scores,
+)
 
 __all__ = ["evaluate_sharded"]
 
@@ -143,13 +149,13 @@ def _per_query(
             rows = exchange.fetch(uniq.to(dev))[inv.to(dev)]
             own, pos = exchange.index.locate(ids.reshape(-1))
             pairs = own.nonzero().squeeze(1)
-            query = pairs // c
+            rd = r.to(dev)
             scores = torch.zeros(b * c, dtype=torch.float32, device=dev)
-            if pairs.numel():
-                got = pair_scores(
-                    model, side, rows[query], r.to(dev)[query], model.entity[pos[pairs]]
-                )
-                scores[pairs] = got.float()
+            for lo in range(0, int(pairs.numel()), PAIRS):  # bounded gathers, as in one process
+                some = pairs[lo : lo + PAIRS]
+                query = some // c
+                got = pair_scores(model, side, rows[query], rd[query], model.entity[pos[some]])
+                scores[some] = got.float()
             scores = scores.view(b, c)
             owned = own.view(b, c)
             true = torch.where(owned[:, 0], scores[:, 0], torch.zeros_like(scores[:, 0]))

@@ -16,7 +16,9 @@ the replicated strategy every rank holds:
   on rank 0 and where it validates (the filter needs every known triple);
 * where it validates (full ranking is split over every rank of a gang; a sampled validation
   runs on rank 0): the filter index, 4 int64 per known triple (twice that while it is built),
-  and a chunk's scores against its candidates with a comparison's booleans;
+  and a chunk's scores against its candidates with a comparison's booleans (with per-query
+  candidates, ``evaluation.candidates``, the pairs' ids and the rows gathered for a group of
+  pairs instead);
 * under the sharded strategy (``distributed.strategy: sharded``), the tables and optimiser state
   of its shards only (a commit writes them as they are: no copy), the fetched rows and pushed
   gradients of a step, and the entity-to-shard map;
@@ -135,14 +137,16 @@ def _validation(config: RunConfig, num_entities: int, num_train: int, world: int
     """The filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
     range of entities when a gang splits full ranking, else all of them); with per-query
-    candidates, each query's own and the rows gathered for a group of pairs."""
+    candidates, each query's scores and about five int64 tensors per (query, candidate) pair
+    (ids, query index, filter keys, the draw and its shift), and the rows gathered for a group
+    of pairs."""
     ev = config.evaluation
     index = 2 * 4 * 8 * num_train
     if ev.candidates is not None:
         pairs = min(PAIRS, ev.batch_size * (1 + ev.candidates))
         return (
             index
-            + (4 + 1 + 8 * 2) * ev.batch_size * (1 + ev.candidates)
+            + (4 + 1 + 8 * 5) * ev.batch_size * (1 + ev.candidates)
             + (3 * 4 * 2 * config.model.dim * pairs)
         )
     split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
