@@ -146,6 +146,10 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                 # a pruned search gets more trials: the question is the trial-epochs it needs
                 # to find what the unpruned search of `--trials` trials finds
                 n = args.trials if pruner == "none" else args.trials * args.pruned_factor
+                # `median-w0`: the median rule with prune_warmup 0 (may stop a trial at its
+                # first validation); a bare name keeps the default warm-up
+                name, _, warmup = pruner.partition("-w")
+                extra = {"prune_warmup": int(warmup)} if warmup else {}
                 r = _search(
                     base,
                     _small_graph_space(),
@@ -154,8 +158,9 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                     trials=n,
                     workers=2,
                     seed=args.seed,
-                    pruner=pruner,
+                    pruner=name,
                     startup_trials=max(5, args.trials // 5),  # the same random start-up
+                    **extra,
                 )
                 row[pruner] = {
                     "best_valid_mrr": r["best"]["valid_mrr"],
