@@ -467,6 +467,64 @@ def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path:
     assert open_study_folder(folder.path).settings.trials == 4  # the refused one saved nothing
 
 
+def test_the_base_config_is_expressed_in_the_space_where_it_can_be() -> None:
+    space = SearchSpace.from_yaml(
+        """
+model.dim: {choices: [8, 16, 32]}
+training.negatives: {int: [4, 64], step: 4}
+training.lr: {loguniform: [1.0e-4, 0.1]}
+training.loss: {choices: [cross_entropy, margin]}
+training.margin: {uniform: [0.5, 10.0], when: {training.loss: margin}}
+training.optimizer: adam
+"""
+    )
+    params, outside = space.base_params(base_config())
+    # the margin is not drawn under the base's loss; a one-value entry needs no parameter
+    assert params == {
+        "model.dim": 16,
+        "training.negatives": 16,
+        "training.lr": 0.01,
+        "training.loss": "cross_entropy",
+    }
+    assert outside == []
+    params, outside = space.base_params(
+        base_config(
+            model={"dim": 12}, training={"negatives": 18, "lr": 0.5, "optimizer": "adagrad"}
+        )
+    )
+    assert params == {"training.loss": "cross_entropy"}
+    assert outside == [
+        "model.dim=12",
+        "training.negatives=18",  # off the step
+        "training.lr=0.5",
+        "training.optimizer='adagrad'",
+    ]
+
+
+def test_a_new_study_starts_with_the_base_config(tmp_path: Path) -> None:
+    """Trial 0 trains the base config's values (Optuna's enqueued trial); the others are
+    drawn; --no-base-trial (base_trial=False) draws trial 0 too."""
+    from kgpipe.tune.study import run_study
+
+    base = base_config(training={"epochs": 2})
+    firsts = {}
+    for on in (True, False):
+        settings = TuneSettings(
+            root=str(tmp_path), name=f"s{on}", trials=2, workers=1, seed=0, base_trial=on
+        )
+        folder = prepare_study(base, SearchSpace.from_yaml(SPACE), settings)
+        logs: list[str] = []
+        run_study(folder, log=logs.append)
+        trials = load_optuna_study(folder).get_trials()
+        firsts[on] = trials[0]
+        assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+        assert ("trial 0 trains the base config" in logs) is on
+    assert firsts[True].params == {"training.lr": 0.01, "model.dim": 16}
+    assert firsts[True].user_attrs["base_config"] is True
+    assert firsts[False].params != firsts[True].params
+    assert "base_config" not in firsts[False].user_attrs
+
+
 def test_a_shared_database_refuses_a_taken_study_name(tmp_path: Path) -> None:
     storage = f"sqlite:///{tmp_path}/shared.db"
     optuna.create_study(study_name="taken", storage=storage)

@@ -40,6 +40,7 @@ NEW_STUDY_ONLY = (
     ("seed", "--seed"),
     ("storage", "--storage"),
     ("no_test", "--no-test"),
+    ("no_base_trial", "--no-base-trial"),
 )
 
 
@@ -204,6 +205,12 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         default=None,
         help="do not evaluate the best trial on test at the end",
     )
+    new.add_argument(
+        "--no-base-trial",
+        action="store_true",
+        default=None,
+        help="do not start with a trial of the base config's own values (trial 0 by default)",
+    )
     loud = t.add_mutually_exclusive_group()
     loud.add_argument(
         "-q", "--quiet", action="store_true", help="only the final summary (and warnings)"
@@ -239,6 +246,7 @@ def _settings(args: argparse.Namespace) -> TuneSettings:
         "seed": args.seed,
         "storage": args.storage,
         "test_best": False if args.no_test else None,
+        "base_trial": False if args.no_base_trial else None,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if args.timeout is not None and args.trials is None:

@@ -89,6 +89,12 @@ class TuneSettings(Frozen):
         "database URL such as postgresql://... when the workers do not share this disk).",
     )
     test_best: bool = Field(default=True, description="Evaluate the best trial on test at the end.")
+    base_trial: bool = Field(
+        default=True,
+        description="A new study's first trial trains the base config's own values (those the "
+        "space can draw): where the space can draw all of them, the search's best is never "
+        "below the config it started from.",
+    )
     trial_retries: int = Field(
         default=2,
         ge=0,

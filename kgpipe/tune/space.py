@@ -84,10 +84,31 @@ class Param:
             step=None if self.step is None else float(self.step),
         )
 
+    def contains(self, value: Any) -> bool:
+        """Whether ``value`` is one this entry can draw (a choice, or in range and on step)."""
+        if self.kind in ("choices", "fixed"):
+            return any(value == c and type(value) is type(c) for c in self.choices) or (
+                _is_number(value) and any(_is_number(c) and value == c for c in self.choices)
+            )
+        if not _is_number(value) or (self.kind == "int" and not float(value).is_integer()):
+            return False
+        low, high = float(self.low or 0), float(self.high or 0)
+        if not low <= float(value) <= high:
+            return False
+        step = self.step or (1 if self.kind == "int" else None)
+        if step is None:
+            return True
+        k = (float(value) - low) / float(step)
+        return abs(k - round(k)) < 1e-9
+
     def describe(self) -> str:
         if self.kind in ("choices", "fixed"):
             return f"{self.key} in {list(self.choices)}"
         return f"{self.key} {self.kind} [{self.low}, {self.high}]"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def set_key(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -237,6 +258,24 @@ class SearchSpace:
             if param.applies(view):
                 values[param.key] = param.suggest(trial)
         return values
+
+    def base_params(self, base: RunConfig) -> tuple[dict[str, Any], list[str]]:
+        """The base config's own values as Optuna parameters (name -> value), for a first
+        trial that trains the base config (``study.enqueue_trial``); and the entries whose base
+        value the space cannot draw (``key=value``: that trial draws those instead)."""
+        tree = base.model_dump(mode="json")
+        params: dict[str, Any] = {}
+        outside: list[str] = []
+        for param in self.params:
+            view = {k: _get_key(tree, k) for k, _ in param.when}
+            if not param.applies(view):
+                continue
+            value = _get_key(tree, param.key)
+            if not param.contains(value):
+                outside.append(f"{param.key}={value!r}")
+            elif param.kind != "fixed":
+                params[param.name] = value
+        return params, outside
 
     def keys(self) -> list[str]:
         return list(dict.fromkeys(p.key for p in self.params))

@@ -209,6 +209,8 @@ def _search(
     emit = on_event or (lambda _e: None)
     s = folder.settings
     study = load_optuna_study(folder)
+    if s.base_trial and not study.get_trials(deepcopy=False):
+        _enqueue_base(study, folder, say)
     deadline = time.monotonic() + s.timeout_s if s.timeout_s else None
     gang = folder.base.distributed.uses_dask
     orphans = _orphans(study)
@@ -348,6 +350,21 @@ def _search(
             "fix the cause and resume it"
         )
     return study
+
+
+def _enqueue_base(study: Any, folder: StudyFolder, say: Log) -> None:
+    """A new study's first trial: the base config's own values, where the space can draw
+    them (Optuna's ``enqueue_trial``; the sampler draws the others)."""
+    params, outside = folder.space.base_params(folder.base)
+    study.enqueue_trial(params, user_attrs={"base_config": True})
+    if outside:
+        say(
+            "trial 0 trains the base config but draws "
+            + ", ".join(outside)
+            + " anew (values the space cannot draw)"
+        )
+    else:
+        say("trial 0 trains the base config")
 
 
 def _budget_left(study: Any, s: Any, deadline: float | None, running: int) -> bool:
