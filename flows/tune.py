@@ -73,13 +73,15 @@ def tune_kge(
     pruner: Pruner = "median",
     seed: int = 0,
     trial_timeout: str | float | None = None,
+    base_trial: bool = True,
 ) -> dict[str, Any]:
     """Search the hyperparameters of the base config (``config`` or ``config_url``, plus
     ``overrides``, as for ``train-kge``) over a search space (``space_url``: a YAML file;
     ``space``: the same as data; neither: the model's shipped space) on a Dask cluster of
     ``workers`` trials at once, up to ``trials`` trials in the study (``timeout``, e.g. ``2h``:
     no trial starts after it; ``trial_timeout``, e.g. ``10m``: a trial training longer counts
-    as pruned at its last validation), then test the best trial. ``study``: the study folder (a name
+    as pruned at its last validation), then test the best trial. ``base_trial``: a new study's
+    trial 0 trains the base config's own values. ``study``: the study folder (a name
     under ``root``, or a path); an existing one is resumed -- run the flow again with the same
     ``study`` to continue a killed search or to add trials. A bad config, space or budget
     fails the run before any work."""
@@ -89,7 +91,7 @@ def tune_kge(
     search_space = flow_space(space_url, space)
     settings = flow_settings(
         base, study=study, root=root, trials=trials, timeout=timeout, workers=workers,
-        pruner=pruner, seed=seed, trial_timeout=trial_timeout,
+        pruner=pruner, seed=seed, trial_timeout=trial_timeout, base_trial=base_trial,
     )  # fmt: skip
     given = {"trials": trials, "timeout_s": timeout, "workers": workers}
     given["trial_timeout_s"] = trial_timeout
@@ -164,6 +166,7 @@ def flow_settings(
     pruner: Pruner,
     seed: int,
     trial_timeout: str | float | None = None,
+    base_trial: bool = True,
 ) -> TuneSettings:
     """The search's settings from the flow's parameters; a bad value raises ConfigError. A new
     study without ``trials`` gets 30, or none with only a ``timeout``; without ``workers``, 1
@@ -181,6 +184,7 @@ def flow_settings(
             pruner=pruner,
             seed=seed,
             trial_timeout_s=None if trial_timeout in (None, "") else parse_duration(trial_timeout),
+            base_trial=base_trial,
         )
     except ValidationError as err:
         problems = "; ".join(

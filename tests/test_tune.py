@@ -497,8 +497,44 @@ training.optimizer: adam
         "model.dim=12",
         "training.negatives=18",  # off the step
         "training.lr=0.5",
-        "training.optimizer='adagrad'",
+        "training.optimizer='adagrad'",  # the space sets adam
     ]
+    # conditions are read as a trial reads them: against what the space sets above, and an
+    # entry that depends on a drawn key is drawn too
+    space = SearchSpace.from_yaml(
+        """
+training.optimizer: {choices: [adam, adagrad]}
+training.lr:
+  - {choices: [1e-3, 1e-2], when: {training.optimizer: adam}}
+  - {loguniform: [1.0e-2, 1.0], when: {training.optimizer: adagrad}}
+"""
+    )
+    params, outside = space.base_params(base_config(training={"lr": 0.001}))
+    assert params == {"training.optimizer": "adam", "training.lr#0": 0.001}  # YAML's "1e-3"
+    assert outside == []
+    by_dim = SearchSpace.from_yaml(
+        """
+model.dim: {choices: [32, 64]}
+training.lr:
+  - {loguniform: [1.0e-4, 0.1], when: {model.dim: 32}}
+  - {loguniform: [1.0e-3, 0.1], when: {model.dim: 64}}
+"""
+    )
+    params, outside = by_dim.base_params(base_config())  # base: d=16, which the trial redraws
+    assert params == {}
+    assert outside == [
+        "model.dim=16",
+        "training.lr (depends on model.dim)",
+        "training.lr (depends on model.dim)",
+    ]
+    fixed = SearchSpace.from_yaml(
+        "training.optimizer: adagrad\n"
+        "training.lr: [{loguniform: [1.0e-4, 0.1], when: {training.optimizer: adam}},"
+        " {loguniform: [1.0e-2, 1.0], when: {training.optimizer: adagrad}}]"
+    )
+    params, outside = fixed.base_params(base_config())  # base: adam at 0.01
+    assert params == {"training.lr#1": 0.01}  # the adagrad branch, which the trial takes
+    assert outside == ["training.optimizer='adam'"]
 
 
 def test_a_new_study_starts_with_the_base_config(tmp_path: Path) -> None:

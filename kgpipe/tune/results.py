@@ -30,8 +30,12 @@ def _state(trial: Any) -> str:
 
 def trial_rows(study: Any) -> list[dict[str, Any]]:
     """One row per trial: number, state, valid MRR, epochs, seconds, the sampled values."""
+    from optuna.trial import TrialState
+
     rows = []
     for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.WAITING:  # enqueued (the base config), not started yet
+            continue
         value = t.user_attrs.get("best_valid_mrr")  # a pruned trial's t.value is its last
         if value is None:
             value = t.value

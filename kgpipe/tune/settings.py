@@ -92,8 +92,8 @@ class TuneSettings(Frozen):
     base_trial: bool = Field(
         default=True,
         description="A new study's first trial trains the base config's own values (those the "
-        "space can draw): where the space can draw all of them, the search's best is never "
-        "below the config it started from.",
+        "space can draw), so the search measures where it started; a search that keeps that "
+        "trial to the end (not pruned, not stopped) never reports a best below it.",
     )
     trial_retries: int = Field(
         default=2,

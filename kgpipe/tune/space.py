@@ -87,9 +87,7 @@ class Param:
     def contains(self, value: Any) -> bool:
         """Whether ``value`` is one this entry can draw (a choice, or in range and on step)."""
         if self.kind in ("choices", "fixed"):
-            return any(value == c and type(value) is type(c) for c in self.choices) or (
-                _is_number(value) and any(_is_number(c) and value == c for c in self.choices)
-            )
+            return any(_same(value, c) for c in self.choices)
         if not _is_number(value) or (self.kind == "int" and not float(value).is_integer()):
             return False
         low, high = float(self.low or 0), float(self.high or 0)
@@ -109,6 +107,20 @@ class Param:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _same(value: Any, choice: Any) -> bool:
+    """A config value and a choice of the space: equal numbers (``16`` and ``16.0``; YAML reads
+    ``1e-3`` without a dot as a string, which the config model takes as a number), else equal
+    values of the same type (``True`` is not ``1``)."""
+    if _is_number(value):
+        if isinstance(choice, str):
+            try:
+                return value == float(choice)
+            except ValueError:
+                return False
+        return _is_number(choice) and value == choice
+    return type(value) is type(choice) and value == choice
 
 
 def set_key(tree: dict[str, Any], key: str, value: Any) -> None:
@@ -261,20 +273,36 @@ class SearchSpace:
 
     def base_params(self, base: RunConfig) -> tuple[dict[str, Any], list[str]]:
         """The base config's own values as Optuna parameters (name -> value), for a first
-        trial that trains the base config (``study.enqueue_trial``); and the entries whose base
-        value the space cannot draw (``key=value``: that trial draws those instead)."""
+        trial that trains the base config (``study.enqueue_trial``); and the entries that trial
+        cannot take from the base (``key=value``, set or drawn instead): a value the space
+        cannot draw or a one-value entry that differs, and every entry whose condition depends
+        on such a key (its branch is not known before the trial draws). Conditions are read as
+        :meth:`sample` reads them: against the values set above, else the base config."""
         tree = base.model_dump(mode="json")
         params: dict[str, Any] = {}
         outside: list[str] = []
+        values: dict[str, Any] = {}  # what the trial will have, as far as it is known
+        unknown: set[str] = set()  # keys the trial draws (not the base's value)
         for param in self.params:
-            view = {k: _get_key(tree, k) for k, _ in param.when}
+            drawn = [k for k, _ in param.when if k in unknown]
+            if drawn:
+                outside.append(f"{param.key} (depends on {', '.join(drawn)})")
+                unknown.add(param.key)
+                continue
+            view = {k: values[k] if k in values else _get_key(tree, k) for k, _ in param.when}
             if not param.applies(view):
                 continue
             value = _get_key(tree, param.key)
-            if not param.contains(value):
+            if param.contains(value):
+                values[param.key] = value
+                if param.kind != "fixed":
+                    params[param.name] = value
+            else:
                 outside.append(f"{param.key}={value!r}")
-            elif param.kind != "fixed":
-                params[param.name] = value
+                if param.kind == "fixed":
+                    values[param.key] = param.choices[0]
+                else:
+                    unknown.add(param.key)
         return params, outside
 
     def keys(self) -> list[str]:

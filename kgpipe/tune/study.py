@@ -62,6 +62,7 @@ def _steps(base: RunConfig) -> tuple[int, int]:
 def load_optuna_study(folder: StudyFolder) -> Any:
     """The folder's Optuna study (created on the first run)."""
     import optuna
+    from optuna.trial import TrialState
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     first, last = _steps(folder.base)
@@ -77,7 +78,10 @@ def load_optuna_study(folder: StudyFolder) -> Any:
         pruner=make_pruner(folder.settings, first_step=first, max_step=last),
         load_if_exists=True,
     )
-    had = len(study.get_trials(deepcopy=False))
+    # trials that ran or run: an enqueued trial still waiting (a search that stopped before
+    # its first trial started) does not move the seed
+    ran = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
+    had = len(study.get_trials(deepcopy=False, states=ran))
     if had:  # resumed: a seed of its own, or the random start-up would repeat its draws
         study.sampler = make_sampler(folder.settings, offset=had)
     return study
@@ -356,12 +360,11 @@ def _enqueue_base(study: Any, folder: StudyFolder, say: Log) -> None:
     """A new study's first trial: the base config's own values, where the space can draw
     them (Optuna's ``enqueue_trial``; the sampler draws the others)."""
     params, outside = folder.space.base_params(folder.base)
-    study.enqueue_trial(params, user_attrs={"base_config": True})
+    study.enqueue_trial(params, user_attrs={"base_config": True, "not_from_base": outside})
     if outside:
         say(
-            "trial 0 trains the base config but draws "
+            "trial 0 trains the base config, except for what the space sets or draws: "
             + ", ".join(outside)
-            + " anew (values the space cannot draw)"
         )
     else:
         say("trial 0 trains the base config")
