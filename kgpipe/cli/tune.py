@@ -292,7 +292,8 @@ def _resumed_study(args: argparse.Namespace) -> StudyFolder:
 
 def _so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | None]:
     """The trials of a study by state, and its best (valid MRR, trial)."""
-    from kgpipe.tune.study import check_storage, load_optuna_study
+    from kgpipe.tune.settings import check_storage
+    from kgpipe.tune.study import load_optuna_study
 
     check_storage(folder.storage)  # one line when it cannot be opened
     study = load_optuna_study(folder)

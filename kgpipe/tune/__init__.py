@@ -17,9 +17,9 @@ from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
 from kgpipe.tune.folder import StudyFolder, create_study_folder, open_study_folder
 from kgpipe.tune.results import summarize
-from kgpipe.tune.settings import TuneSettings, parse_duration
+from kgpipe.tune.settings import TuneSettings, check_budget, check_storage, parse_duration
 from kgpipe.tune.space import SearchSpace, check_space
-from kgpipe.tune.study import StudyEvent, check_budget, check_storage, run_study
+from kgpipe.tune.study import StudyEvent, run_study
 
 __all__ = [
     "SearchSpace",

@@ -15,8 +15,8 @@ from kgpipe.config import RunConfig
 from kgpipe.config.io import config_to_yaml
 from kgpipe.errors import KgpipeError
 from kgpipe.tune.folder import StudyFolder
+from kgpipe.tune.settings import redact_url
 from kgpipe.tune.space import trial_config
-from kgpipe.tune.study import redact_url
 from kgpipe.tune.track import track_findings
 
 __all__ = ["best_config", "best_so_far", "importances", "summarize", "trial_rows", "write_plots"]

@@ -10,7 +10,15 @@ from pydantic import Field, field_validator
 from kgpipe.config.base import Frozen
 from kgpipe.errors import ConfigError
 
-__all__ = ["TuneSettings", "make_pruner", "make_sampler", "parse_duration"]
+__all__ = [
+    "TuneSettings",
+    "check_budget",
+    "check_storage",
+    "make_pruner",
+    "make_sampler",
+    "parse_duration",
+    "redact_url",
+]
 
 _DURATION = re.compile(
     r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s?)?\s*$"
@@ -164,3 +172,39 @@ def make_pruner(settings: TuneSettings, *, first_step: int = 1, max_step: int = 
         n_warmup_steps=first_step * settings.prune_warmup + 1,
         interval_steps=1,
     )
+
+
+def check_budget(settings: Any) -> None:
+    if settings.trials is None and settings.timeout_s is None:
+        raise ConfigError("a search needs a budget: a number of trials, a timeout, or both")
+
+
+def redact_url(url: str) -> str:
+    """A database URL with its password masked (for messages and results)."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL: shown as given, it has no password part
+        return url
+
+
+def check_storage(url: str, *, name: str | None = None) -> None:
+    """Open the study database at ``url`` once (a missing driver, a wrong host, a path that
+    cannot be created: one line, before the study folder is written); a new study ``name``
+    must not be taken there (a shared database holds several studies)."""
+    import optuna
+
+    try:
+        storage = optuna.storages.RDBStorage(url)
+        taken = name is not None and name in optuna.study.get_all_study_names(storage)
+    except Exception as err:
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ConfigError(
+            f"{redact_url(url)}: cannot open the study's database ({first})"
+        ) from None
+    if taken:
+        raise ConfigError(
+            f"{redact_url(url)} has a study named {name!r} already: choose another name, or "
+            "resume its study folder"
+        )

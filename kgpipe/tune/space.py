@@ -305,6 +305,15 @@ class SearchSpace:
                     unknown.add(param.key)
         return params, outside
 
+    def enqueue_base(self, study: Any, base: RunConfig) -> str:
+        """Make ``study``'s next trial the base config's own values (Optuna's
+        ``enqueue_trial``; the sampler draws the others); says so, naming the entries that
+        trial sets or draws instead (:meth:`base_params`)."""
+        params, outside = self.base_params(base)
+        study.enqueue_trial(params, user_attrs={"base_config": True, "not_from_base": outside})
+        unless = ", except for what the space sets or draws: " + ", ".join(outside)
+        return "trial 0 trains the base config" + (unless if outside else "")
+
     def keys(self) -> list[str]:
         return list(dict.fromkeys(p.key for p in self.params))
 

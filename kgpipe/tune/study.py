@@ -78,10 +78,8 @@ def load_optuna_study(folder: StudyFolder) -> Any:
         pruner=make_pruner(folder.settings, first_step=first, max_step=last),
         load_if_exists=True,
     )
-    # trials that ran or run: an enqueued trial still waiting (a search that stopped before
-    # its first trial started) does not move the seed
-    ran = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL, TrialState.RUNNING)
-    had = len(study.get_trials(deepcopy=False, states=ran))
+    # an enqueued trial that never started (a search stopped before it) does not move the seed
+    had = sum(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
     if had:  # resumed: a seed of its own, or the random start-up would repeat its draws
         study.sampler = make_sampler(folder.settings, offset=had)
     return study
@@ -214,7 +212,7 @@ def _search(
     s = folder.settings
     study = load_optuna_study(folder)
     if s.base_trial and not study.get_trials(deepcopy=False):
-        _enqueue_base(study, folder, say)
+        say(folder.space.enqueue_base(study, folder.base))
     deadline = time.monotonic() + s.timeout_s if s.timeout_s else None
     gang = folder.base.distributed.uses_dask
     orphans = _orphans(study)
@@ -356,20 +354,6 @@ def _search(
     return study
 
 
-def _enqueue_base(study: Any, folder: StudyFolder, say: Log) -> None:
-    """A new study's first trial: the base config's own values, where the space can draw
-    them (Optuna's ``enqueue_trial``; the sampler draws the others)."""
-    params, outside = folder.space.base_params(folder.base)
-    study.enqueue_trial(params, user_attrs={"base_config": True, "not_from_base": outside})
-    if outside:
-        say(
-            "trial 0 trains the base config, except for what the space sets or draws: "
-            + ", ".join(outside)
-        )
-    else:
-        say("trial 0 trains the base config")
-
-
 def _budget_left(study: Any, s: Any, deadline: float | None, running: int) -> bool:
     if deadline is not None and time.monotonic() >= deadline:
         return False
@@ -380,39 +364,3 @@ def _threads(settings: Any) -> int:
     from kgpipe.distributed.clusters import worker_threads
 
     return worker_threads(settings.workers, settings.threads_per_worker)
-
-
-def check_budget(settings: Any) -> None:
-    if settings.trials is None and settings.timeout_s is None:
-        raise ConfigError("a search needs a budget: a number of trials, a timeout, or both")
-
-
-def redact_url(url: str) -> str:
-    """A database URL with its password masked (for messages and results)."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not an SQLAlchemy URL: shown as given, it has no password part
-        return url
-
-
-def check_storage(url: str, *, name: str | None = None) -> None:
-    """Open the study database at ``url`` once (a missing driver, a wrong host, a path that
-    cannot be created: one line, before the study folder is written); a new study ``name``
-    must not be taken there (a shared database holds several studies)."""
-    import optuna
-
-    try:
-        storage = optuna.storages.RDBStorage(url)
-        taken = name is not None and name in optuna.study.get_all_study_names(storage)
-    except Exception as err:
-        first = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise ConfigError(
-            f"{redact_url(url)}: cannot open the study's database ({first})"
-        ) from None
-    if taken:
-        raise ConfigError(
-            f"{redact_url(url)} has a study named {name!r} already: choose another name, or "
-            "resume its study folder"
-        )
