@@ -7,7 +7,8 @@
 # 3. training speed (TransE and ComplEx, bench/speed.py: on the GPU at batch 1024 and 8192, and on
 #    the host's CPU cores as this machine's baseline) and full filtered evaluation speed
 #    (bench/eval_speed.py) on the GPU;
-# 4. torch.profiler over 20 training steps at batch 1024 (bench/gpu_profile.py).
+# 4. torch.profiler over 20 training steps at batch 1024 (bench/gpu_profile.py);
+# 5. per-query candidate ranks on the GPU at several batch and pair-group sizes (bench/gpu_candidates.py).
 # Results: bench/results/gpu_*.json and gpu_device.txt ($OUT/gpu_results.tgz too when $OUT is
 # set). Each step has its own time limit; the script exits non-zero if any step failed.
 # Without a GPU it says so and exits 0. Python: $PYTHON, else .venv/bin/python, else python3.
@@ -95,6 +96,8 @@ for model in transe complex; do
 done
 step "profile of a batch-1024 step" 120 bash -c '"$0" bench/gpu_profile.py "$1" >"$2"' \
     "$PY" "$DATA" "$RESULTS/gpu_profile_step.txt"
+step "per-query candidates: ranks independent of batch and pair-group size" 300 \
+    "$PY" bench/gpu_candidates.py --json "$RESULTS/gpu_candidates.json"
 step "evaluation speed" 300 "$PY" bench/eval_speed.py --device cuda --data-root "$DATA" \
     --models distmult,complex,transe-l2 --json "$RESULTS/gpu_eval_speed_fb15k237.json"
 

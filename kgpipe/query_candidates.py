@@ -14,9 +14,10 @@ rank each answer against a fixed set of sampled candidates instead. Here:
   (``Interaction.score`` on gathered rows, at most :data:`PAIRS` pairs at once), so ties are
   exact, and a sharded gang, whose ranks each score the candidates whose rows they own, counts
   exactly what one process counts. That rests on a pair's score not depending on how many pairs
-  one call scores: true of the CPU's row-wise sums (tested, ties included); a GPU library may
-  reduce a smaller call another way and move an exact tie by half a rank (not yet checked on a
-  GPU).
+  one call scores: true of the CPU's row-wise sums (tested, ties included), and of an H100's
+  (``bench/gpu_candidates.py``: the same ranks at 3 batch and 3 pair-group sizes, every
+  interaction, ties included). The GPU's ranks are not the CPU's to the bit: another library
+  rounds differently (0-2 of 4,000 ranks differed).
 
 The numbers are higher than, and not comparable with, ranking against all entities; results
 name the protocol (``"candidates": "per-query-k"``).
