@@ -13,6 +13,7 @@ its owner) and the better and equal counts are summed over the ranks.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -93,31 +94,21 @@ def _evaluate(
         candidates = f"sampled-{int(sample.numel())}"
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
-    done = 0
-    for side in ("tail", "head"):
-        for start in range(0, n, batch_size):
-            chunk = triples[start : start + batch_size]
-            h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
-            anchors, targets = (h, t) if side == "tail" else (t, h)
-            ids, inv = torch.unique(anchors, return_inverse=True)
-            rows = exchange.fetch(ids.to(dev))[inv.to(dev)]
-            rd = r.to(dev)
-            if side == "tail":
-                block = inter.score_tails(rows, model.relation[rd], model.entity)
-            elif spec.reciprocal:
-                block = inter.score_tails(
-                    rows, model.relation[rd + spec.num_relations], model.entity
-                )
-            else:
-                block = inter.score_heads(model.relation[rd], rows, model.entity)
-            f_rows, f_cols = filter_index.answers(side, anchors, r)
-            got = split_block_ranks(
-                block.float(), targets.to(dev), f_rows.to(dev), f_cols.to(dev), locate, exclude
-            )
-            ranks[side].append(got.cpu())
-            done += int(chunk.shape[0])
-            if progress is not None:
-                progress(done, 2 * n)
+    for side, _start, r, anchors, targets, rows in _queries(
+        exchange, triples, batch_size, dev, progress
+    ):
+        rd = r.to(dev)
+        if side == "tail":
+            block = inter.score_tails(rows, model.relation[rd], model.entity)
+        elif spec.reciprocal:
+            block = inter.score_tails(rows, model.relation[rd + spec.num_relations], model.entity)
+        else:
+            block = inter.score_heads(model.relation[rd], rows, model.entity)
+        f_rows, f_cols = filter_index.answers(side, anchors, r)
+        got = split_block_ranks(
+            block.float(), targets.to(dev), f_rows.to(dev), f_cols.to(dev), locate, exclude
+        )
+        ranks[side].append(got.cpu())
     return summarise(ranks, n, candidates)
 
 
@@ -136,37 +127,54 @@ def _per_query(
     num_entities = model.spec.num_entities
     dev = model.entity.device
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
+    for side, start, r, anchors, targets, rows in _queries(
+        exchange, triples, batch_size, dev, progress
+    ):
+        drawn = candidates.draw(num_entities, side, targets, start)
+        ids = torch.cat((targets.unsqueeze(1), drawn), 1).to(dev)
+        b, c = ids.shape
+        own, pos = exchange.index.locate(ids.reshape(-1))
+        pairs = own.nonzero().squeeze(1)
+        rd = r.to(dev)
+        scores = torch.zeros(b * c, dtype=torch.float32, device=dev)
+        for lo in range(0, int(pairs.numel()), PAIRS):  # bounded gathers, as in one process
+            some = pairs[lo : lo + PAIRS]
+            query = some // c
+            got = pair_scores(model, side, rows[query], rd[query], model.entity[pos[some]])
+            scores[some] = got.float()
+        scores = scores.view(b, c)
+        owned = own.view(b, c)
+        true = torch.where(owned[:, 0], scores[:, 0], torch.zeros_like(scores[:, 0]))
+        dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+        scores[:, 0] = true
+        known = known_mask(filter_index, side, anchors, r, drawn, num_entities).to(dev)
+        better, equal = count_ranks(scores, known | ~owned[:, 1:])
+        counts = torch.stack((better, equal))
+        dist.all_reduce(counts)
+        ranks[side].append((1.0 + counts[0].double() + counts[1].double() / 2.0).cpu())
+    return summarise(ranks, n, candidates.label())
+
+
+def _queries(
+    exchange: ShardedExchange,
+    triples: Tensor,
+    batch_size: int,
+    dev: torch.device,
+    progress: ProgressFn | None,
+) -> Iterator[tuple[str, int, Tensor, Tensor, Tensor, Tensor]]:
+    """Each chunk of queries, tail side then head side: ``(side, start, relations, anchors,
+    targets, the anchors' rows)``, the rows fetched from their owners (a collective: every
+    rank iterates the same chunks); ``progress`` after each chunk."""
+    n = int(triples.shape[0])
     done = 0
     for side in ("tail", "head"):
         for start in range(0, n, batch_size):
             chunk = triples[start : start + batch_size]
             h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
             anchors, targets = (h, t) if side == "tail" else (t, h)
-            drawn = candidates.draw(num_entities, side, targets, start)
-            ids = torch.cat((targets.unsqueeze(1), drawn), 1).to(dev)
-            b, c = ids.shape
-            uniq, inv = torch.unique(anchors, return_inverse=True)
-            rows = exchange.fetch(uniq.to(dev))[inv.to(dev)]
-            own, pos = exchange.index.locate(ids.reshape(-1))
-            pairs = own.nonzero().squeeze(1)
-            rd = r.to(dev)
-            scores = torch.zeros(b * c, dtype=torch.float32, device=dev)
-            for lo in range(0, int(pairs.numel()), PAIRS):  # bounded gathers, as in one process
-                some = pairs[lo : lo + PAIRS]
-                query = some // c
-                got = pair_scores(model, side, rows[query], rd[query], model.entity[pos[some]])
-                scores[some] = got.float()
-            scores = scores.view(b, c)
-            owned = own.view(b, c)
-            true = torch.where(owned[:, 0], scores[:, 0], torch.zeros_like(scores[:, 0]))
-            dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
-            scores[:, 0] = true
-            known = known_mask(filter_index, side, anchors, r, drawn, num_entities).to(dev)
-            better, equal = count_ranks(scores, known | ~owned[:, 1:])
-            counts = torch.stack((better, equal))
-            dist.all_reduce(counts)
-            ranks[side].append((1.0 + counts[0].double() + counts[1].double() / 2.0).cpu())
+            ids, inv = torch.unique(anchors, return_inverse=True)
+            rows = exchange.fetch(ids.to(dev))[inv.to(dev)]
+            yield side, start, r, anchors, targets, rows
             done += int(chunk.shape[0])
             if progress is not None:
                 progress(done, 2 * n)
-    return summarise(ranks, n, candidates.label())
