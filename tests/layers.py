@@ -80,6 +80,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.checkpoint",
             "kgpipe.export",
             "kgpipe.export_shards",
+            "kgpipe.model_file",
             "kgpipe.distributed.comm",
             "kgpipe.distributed.sharded",
             "kgpipe.distributed.sharded_eval",

@@ -54,18 +54,29 @@ def spec_from_config(cfg: ModelConfig, *, num_entities: int, num_relations: int)
 class KGEModel(nn.Module):
     """Entity and relation embedding tables scored by a stateless :class:`Interaction`."""
 
-    def __init__(self, spec: ModelSpec, *, rows: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        rows: Tensor | None = None,
+        tables: tuple[Tensor, Tensor] | None = None,
+    ) -> None:
+        """``tables``: the ``(entity, relation)`` tables to hold as they are (a memory-mapped
+        file's, say), instead of zeros; their shapes must be the spec's."""
         super().__init__()
         self.spec = spec
         self.interaction: Interaction = INTERACTIONS.get(spec.name)(p=spec.p, margin=spec.margin)
         #: the entity ids whose rows this model holds, in the order of its table; None: all
         self.rows = rows
         held = spec.num_entities if rows is None else int(rows.numel())
-        self.entity = nn.Parameter(torch.zeros(held, spec.dim), requires_grad=False)
-        self.relation = nn.Parameter(
-            torch.zeros(spec.relation_rows, self.interaction.relation_dim(spec.dim)),
-            requires_grad=False,
-        )
+        shapes = ((held, spec.dim), (spec.relation_rows, self.interaction.relation_dim(spec.dim)))
+        if tables is None:
+            tables = (torch.zeros(shapes[0]), torch.zeros(shapes[1]))
+        for name, table, shape in zip(("entity", "relation"), tables, shapes, strict=True):
+            if tuple(table.shape) != shape:
+                raise ValueError(f"the {name} table is {tuple(table.shape)}, the spec's {shape}")
+        self.entity = nn.Parameter(tables[0], requires_grad=False)
+        self.relation = nn.Parameter(tables[1], requires_grad=False)
 
     # -- construction -------------------------------------------------------------------------
     @classmethod

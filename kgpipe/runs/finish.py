@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from kgpipe.checkpoint import Checkpoint, CheckpointStore
 from kgpipe.config import RunConfig
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.devices import resolve_device
@@ -17,7 +18,8 @@ from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, save_model
 from kgpipe.export_shards import export_sharded
-from kgpipe.models.model import KGEModel
+from kgpipe.model_file import map_stored, write_sharded_model
+from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.query_candidates import QueryCandidates
 from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder
@@ -102,14 +104,49 @@ def finish_run(
         chosen = checkpoints.latest_verified()
         if chosen is None and config.training.epochs > 0:
             raise RunError(f"{run.url}: no committed checkpoint to finish from")
+    sharded = chosen is not None and chosen.manifest.get("strategy") == "sharded"
+    if sharded:  # never the whole table in this process: written a block at a time, mapped
+        assert chosen is not None
+        spec = spec_from_config(
+            config.model, num_entities=run.num_entities, num_relations=run.num_relations
+        )
+        write_sharded_model(checkpoints, chosen, spec, store)
+        model = map_stored(store)
+    else:
+        model = _whole_model(run, checkpoints, chosen)
+        save_model(model, store)
+    return _test_and_export(
+        run, checkpoints, model, chosen, history, restarts, seconds, say, eval_progress
+    )
+
+
+def _whole_model(
+    run: RunFolder, checkpoints: CheckpointStore, chosen: Checkpoint | None
+) -> KGEModel:
+    """The model of ``chosen`` (its tables, no optimiser state) in memory; the seeded initial
+    model without one (``training.epochs: 0``)."""
     model = run.new_model()
-    if chosen is not None:  # else training.epochs == 0: the seeded initial model
+    if chosen is not None:
         state = checkpoints.load_tables(chosen)  # the tables only: no optimiser state
         with torch.no_grad():
             model.entity.copy_(state.tables["entity"])
             model.relation.copy_(state.tables["relation"])
-        del state
-    save_model(model, store)
+    return model
+
+
+def _test_and_export(
+    run: RunFolder,
+    checkpoints: CheckpointStore,
+    model: KGEModel,
+    chosen: Checkpoint | None,
+    history: Sequence[dict[str, Any]],
+    restarts: int,
+    seconds: float | None,
+    say: Log,
+    eval_progress: ProgressFn | None,
+) -> dict[str, Any] | None:
+    config, store = run.config, run.store
+    sharded = chosen is not None and chosen.manifest.get("strategy") == "sharded"
     vocab = Vocabulary.read(store.url_of(VOCAB), config.run.storage_options, retry=run.retry)
     results: dict[str, Any] | None = None
     data = run.staged()
@@ -130,7 +167,8 @@ def finish_run(
 
         model.to(resolve_device(t.device))  # rank on the GPU if there is one
         results = test_results(config, model, data.test, index, "test", progress)
-        model.cpu()
+        if not sharded:  # a sharded run exports from its shards: no copy of a mapped table
+            model.cpu()
         results["training"] = {
             "epochs": len(history),
             "model_epoch": chosen.epoch if chosen else 0,
@@ -142,7 +180,8 @@ def finish_run(
             "resumed_from_epoch": run.resumed_epoch,
         }
         store.write_json(RESULTS, results)
-    if chosen is not None and chosen.manifest.get("strategy") == "sharded":
+    if sharded:
+        assert chosen is not None
         # a part per shard, from the checkpoint's shard tensors (one shard at a time)
         export_sharded(
             checkpoints, chosen, vocab, model.spec, store.url_of(EMBEDDINGS),

@@ -18,7 +18,8 @@ from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn
 from kgpipe.export import load_model
-from kgpipe.models.model import KGEModel
+from kgpipe.model_file import map_checkpoint, map_stored
+from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.runs.finish import test_results
 from kgpipe.runs.folder import CONFIG, DATA, TEST_IDS, VALID_IDS, VOCAB, load_ids
 from kgpipe.storage import Store, check_reachable
@@ -83,10 +84,19 @@ def load_run(
     committed checkpoint (see :data:`CheckpointChoice`)."""
     store, config = open_run(url, storage_options)
     vocab = Vocabulary.read(store.url_of(VOCAB), storage_options)
-    if checkpoint is None:
-        return LoadedRun(url, store, config, vocab, load_model(store))
+    sharded = config.distributed.strategy == "sharded"
+    if checkpoint is None:  # a sharded run's table stays in its file (mapped), as it was trained
+        model = map_stored(store) if sharded else load_model(store)
+        return LoadedRun(url, store, config, vocab, model)
     checkpoints = CheckpointStore(store)
     chosen = select_checkpoint(checkpoints, checkpoint)
+    if chosen.manifest.get("strategy") == "sharded":  # never the whole table in memory
+        spec = spec_from_config(
+            config.model, num_entities=vocab.num_entities, num_relations=vocab.num_relations
+        )
+        return LoadedRun(
+            url, store, config, vocab, map_checkpoint(checkpoints, chosen, spec), chosen
+        )
     state = checkpoints.load(chosen)
     model = KGEModel.build(
         config.model,

@@ -1,0 +1,160 @@
+"""A sharded run's model file, written from its shards a block at a time, and models read as
+memory maps: the driver never assembles the whole entity table, and every number stays what
+the whole table in memory gives."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import kgpipe.checkpoint
+import kgpipe.model_file
+from kgpipe.checkpoint import CheckpointStore
+from kgpipe.config import parse_config
+from kgpipe.errors import RunError
+from kgpipe.evaluation import FilterIndex, evaluate
+from kgpipe.export import load_model, save_model
+from kgpipe.model_file import map_checkpoint, map_model
+from kgpipe.models.model import KGEModel
+from kgpipe.models.spec import ModelSpec
+from kgpipe.pipeline import train
+from kgpipe.runs.folder import RunFolder
+from kgpipe.runs.read import evaluate_run, known_triples, load_run
+from kgpipe.storage import Store
+
+
+def _config(tmp_path: Path, name: str, **extra: Any) -> Any:
+    return parse_config(
+        {
+            "run": {"seed": 3, "root": str(tmp_path), "name": name},
+            "data": {"dataset": "umls"},
+            "model": {"name": "complex", "dim": 16},
+            "training": {"epochs": 2, "batch_size": 512, "negatives": 32, "chunk_size": 64},
+            "checkpoint": {"keep_last": 5},
+            **extra,
+        }
+    )
+
+
+def _mapped_file(t: torch.Tensor) -> str | None:
+    """The file whose memory map holds ``t``'s data (from ``/proc/self/maps``), if any."""
+    address = t.data_ptr()
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *rest = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if lo <= address < hi:
+            return rest[4].strip() if len(rest) == 5 else None
+    return None
+
+
+def _no_whole_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every way this process could assemble the whole entity table fail."""
+
+    def refuse(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("the driver assembled the whole entity table")
+
+    monkeypatch.setattr(kgpipe.checkpoint, "assemble_shards", refuse)
+    monkeypatch.setattr(CheckpointStore, "load", refuse)
+    monkeypatch.setattr(CheckpointStore, "load_tables", refuse)
+    monkeypatch.setattr(RunFolder, "new_model", refuse)
+
+
+def test_a_sharded_run_finishes_from_its_shards_and_tests_as_the_whole_table_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model file is written from the shards, block by block (blocks smaller than the
+    table here), and tested through a memory map; the file equals the assembled checkpoint to
+    the bit and the test metrics equal those of the whole model in memory, exactly."""
+    monkeypatch.setattr(kgpipe.model_file, "BLOCK_BYTES", 16 * 4 * 10)  # 10 rows a block
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 3}
+    with monkeypatch.context() as patched:
+        _no_whole_table(patched)
+        train(_config(tmp_path, "run", distributed=gang))
+    run = tmp_path / "run"
+    results = json.loads((run / "results.json").read_text())
+    store = Store(str(run))
+    checkpoints = CheckpointStore(store)
+    latest = checkpoints.committed()[-1]
+    whole = checkpoints.load_tables(latest).tables
+    written = load_file(run / "model.safetensors")
+    for key in ("entity", "relation"):
+        assert torch.equal(written[key], whole[key]), key
+    model = load_model(store)  # the whole table in memory
+    index = FilterIndex.from_triples(known_triples(store), model.spec.num_relations)
+    test = known_triples(store)[2]
+    want = evaluate(model, test, index)
+    for key in ("mrr", "mr", "hits@1", "hits@10"):
+        assert results[key] == want[key], key
+    assert results["head"] == want["head"] and results["tail"] == want["tail"]
+
+    with (
+        monkeypatch.context() as patched
+    ):  # read back, neither from the final file nor a checkpoint
+        _no_whole_table(patched)
+        again = evaluate_run(str(run))
+        from_checkpoint = evaluate_run(str(run), checkpoint="latest")
+        loaded = load_run(str(run))
+    assert again["mrr"] == results["mrr"]
+    assert from_checkpoint["mrr"] == results["mrr"]
+    assert from_checkpoint["checkpoint_epoch"] == latest.epoch
+    assert _mapped_file(loaded.model.entity) == str(run / "model.safetensors")
+    assert torch.equal(loaded.model.entity.data, whole["entity"])
+
+
+def test_a_checkpoint_maps_as_a_model_file_for_any_block_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of one row, of a few rows and of the whole table write the same tables."""
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 4}
+    train(_config(tmp_path, "run", distributed=gang, evaluation={"test": False}))
+    checkpoints = CheckpointStore(Store(str(tmp_path / "run")))
+    first = checkpoints.committed()[0]
+    whole = checkpoints.load_tables(first).tables
+    spec = load_model(Store(str(tmp_path / "run"))).spec
+    for rows in (1, 7, 10_000):
+        monkeypatch.setattr(kgpipe.model_file, "BLOCK_BYTES", rows * spec.dim * 4)
+        model = map_checkpoint(checkpoints, first, spec)
+        assert torch.equal(model.entity.data, whole["entity"]), rows
+        assert torch.equal(model.relation.data, whole["relation"]), rows
+
+
+def test_a_mapped_model_scores_as_the_loaded_one_and_never_writes_its_file(
+    tmp_path: Path,
+) -> None:
+    spec = ModelSpec(name="transe", dim=8, num_entities=50, num_relations=4, p=1)
+    model = KGEModel(spec)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.entity.normal_()
+        model.relation.normal_()
+    store = Store(str(tmp_path))
+    save_model(model, store)
+    before = (tmp_path / "model.safetensors").read_bytes()
+    mapped = map_model(str(tmp_path / "model.safetensors"))
+    h, r = torch.arange(4), torch.tensor([0, 1, 2, 3])
+    assert torch.equal(mapped.score_all_tails(h, r), model.score_all_tails(h, r))
+    with torch.no_grad():
+        mapped.entity[0] = 0.0  # copy-on-write: this process's copy only
+    assert (tmp_path / "model.safetensors").read_bytes() == before
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "header"])
+def test_an_unreadable_model_file_is_named_in_one_line(tmp_path: Path, damage: str) -> None:
+    path = tmp_path / "model.safetensors"
+    spec = ModelSpec(name="distmult", dim=4, num_entities=30, num_relations=2)
+    save_model(KGEModel(spec), Store(str(tmp_path)))
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) - 200])
+    elif damage == "foreign":
+        save_file({"x": torch.zeros(3)}, str(path))
+    else:
+        path.write_bytes(struct.pack("<Q", 10**9) + data[8:])
+    with pytest.raises(RunError, match=r"model\.safetensors: not a readable kgpipe model file"):
+        map_model(str(path))
