@@ -169,6 +169,38 @@ def test_filter_index_answers() -> None:
     assert sorted(cols.tolist()) == [0, 1]
 
 
+@pytest.mark.parametrize("huge", [False, True], ids=["packed", "rows"])
+def test_filter_index_is_the_row_wise_index_and_answers_as_brute_force(huge: bool) -> None:
+    """Packed into one key per triple (or, where ``(h * R + r) * E + t`` would overflow, the
+    rows themselves): the index is the one a row-wise ``unique`` builds, duplicates within and
+    across the sets are one fact, and every query's answers are those of a Python set."""
+    gen = torch.Generator().manual_seed(0)
+    ne, nr = (3_000_000_000, 2_000_000) if huge else (60, 4)
+    ids = torch.randint(0, 50, (3, 300), generator=gen)
+    ents = (ids * (ne // 50)).long() if huge else ids
+    rels = torch.randint(0, nr, (300,), generator=gen) if not huge else ids[1] * (nr // 50)
+    all_rows = torch.stack((ents[0], rels, ents[2]), 1)
+    parts = [all_rows[:200], all_rows[150:], all_rows[:10]]  # overlapping sets
+    index = FilterIndex.from_triples(parts, nr)
+    known = torch.unique(torch.cat(parts), dim=0)  # the index as rows would build it
+    h, r, t = known.unbind(1)
+    to, ho = torch.argsort(h * nr + r, stable=True), torch.argsort(t * nr + r, stable=True)
+    assert torch.equal(index.tail_keys, (h * nr + r)[to]) and torch.equal(index.tails, t[to])
+    assert torch.equal(index.head_keys, (t * nr + r)[ho]) and torch.equal(index.heads, h[ho])
+    facts = {tuple(x) for x in torch.cat(parts).tolist()}
+    for side in ("tail", "head"):
+        anchors = all_rows[:, 0] if side == "tail" else all_rows[:, 2]
+        rows, found = index.answers(side, anchors, all_rows[:, 1])
+        got = sorted(zip(rows.tolist(), found.tolist(), strict=True))
+        want = sorted(
+            (q, e)
+            for q, (a, rel) in enumerate(zip(anchors.tolist(), all_rows[:, 1].tolist(), strict=True))
+            for e in {x[2] if side == "tail" else x[0] for x in facts
+                      if x[1] == rel and (x[0] if side == "tail" else x[2]) == a}
+        )  # fmt: skip
+        assert got == want, side
+
+
 # -- split over the ranks of a gang ----------------------------------------------------------------
 
 SPLIT_CASES = [
