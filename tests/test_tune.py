@@ -101,9 +101,38 @@ def test_space_samples_conditionally_through_optuna() -> None:
     assert modes == {"negative_sampling", "1vsall"}
 
 
+def test_a_floor_sets_the_draws_below_it_to_it_as_libkge_reads_a_negative_dropout() -> None:
+    """``{uniform: [-0.5, 0.5], floor: 0.0}``: about half the trials have no dropout at all,
+    the others a uniform draw above 0; the base config's 0.0 is a value the entry draws."""
+    space = SearchSpace.from_yaml(
+        "model.dropout.entity: {uniform: [-0.5, 0.5], floor: 0.0}\n"
+        "model.dim: {int: [-8, 32], step: 8, floor: 8}"
+    )
+    base = base_config()
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    drawn, dims = [], set()
+    for _ in range(200):
+        trial = study.ask()
+        values = space.sample(trial, base)
+        drawn.append(values["model.dropout.entity"])
+        dims.add(values["model.dim"])
+        assert trial_config(base, values).model.dropout.entity == values["model.dropout.entity"]
+        study.tell(trial, 0.0)
+    none = sum(v == 0.0 for v in drawn)
+    assert 70 <= none <= 130, none  # the draws below 0: about half
+    assert min(drawn) == 0.0 and all(0.0 < v <= 0.5 for v in drawn if v != 0.0)
+    assert dims == {8, 16, 24, 32}
+    dropout = space.params[0]
+    assert dropout.contains(0.0) and dropout.contains(0.3) and not dropout.contains(-0.2)
+    assert "below 0.0: 0.0" in dropout.describe()
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
+        ("training.lr: {loguniform: [0.1, 1], floor: 0.2}", "`floor` goes with `uniform` or"),
+        ("model.dropout.entity: {uniform: [0.0, 0.5], floor: 0.0}", "`floor` 0.0 must be above"),
+        ("model.dropout.entity: {uniform: [-0.5, 0.5], floor: x}", "bounds must be numbers"),
         (
             "training.lrr: {uniform: [0.1, 1]}",
             "training.lrr is not a config key (did you mean training.lr?)",

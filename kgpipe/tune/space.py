@@ -11,7 +11,9 @@ One entry per config key (a dotted path of the run config)::
     training.optimizer: adam            # a plain value: set in every trial
 
 Distributions: ``uniform: [low, high]``, ``loguniform: [low, high]``, ``int: [low, high]`` (with
-optional ``log: true`` and ``step``), ``choices: [...]``. ``when: {key: value-or-list}`` samples
+optional ``log: true`` and ``step``), ``choices: [...]``. ``floor: x`` (``uniform`` and ``int``,
+``low < x <= high``): a drawn value below ``x`` is set to ``x`` -- LibKGE's "a negative dropout
+is none", ``{uniform: [-0.5, 0.5], floor: 0.0}``, which leaves half the trials without. ``when: {key: value-or-list}`` samples
 the entry only when each named key -- sampled above it, or from the base config -- has one of
 the values (so a conditional entry must come after the keys it depends on). A choice of one
 value is set without sampling. The Optuna parameter of an entry is its key (``key#i`` for the
@@ -44,7 +46,7 @@ __all__ = [
 ]
 
 _KINDS = ("uniform", "loguniform", "int", "choices")
-_OPTIONS = {*_KINDS, "log", "step", "when"}
+_OPTIONS = {*_KINDS, "log", "step", "when", "floor"}
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Param:
     step: float | int | None = None
     choices: tuple[Any, ...] = ()
     when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    floor: float | int | None = None  # a drawn value below it is set to it
 
     def applies(self, values: Mapping[str, Any]) -> bool:
         """Whether the condition holds for ``values`` (config key -> value)."""
@@ -71,18 +74,21 @@ class Param:
             return self.choices[0]
         if self.kind == "choices":
             return trial.suggest_categorical(self.name, list(self.choices))
+        value: float | int
         if self.kind == "int":
             step = int(self.step) if self.step else 1
-            return trial.suggest_int(
+            value = trial.suggest_int(
                 self.name, int(self.low or 0), int(self.high or 0), step=step, log=self.log
             )
-        return trial.suggest_float(
-            self.name,
-            float(self.low or 0.0),
-            float(self.high or 0.0),
-            log=self.kind == "loguniform" or self.log,
-            step=None if self.step is None else float(self.step),
-        )
+        else:
+            value = trial.suggest_float(
+                self.name,
+                float(self.low or 0.0),
+                float(self.high or 0.0),
+                log=self.kind == "loguniform" or self.log,
+                step=None if self.step is None else float(self.step),
+            )
+        return self.floor if self.floor is not None and value < self.floor else value
 
     def contains(self, value: Any) -> bool:
         """Whether ``value`` is one this entry can draw (a choice, or in range and on step)."""
@@ -90,6 +96,8 @@ class Param:
             return any(_same(value, c) for c in self.choices)
         if not _is_number(value) or (self.kind == "int" and not float(value).is_integer()):
             return False
+        if self.floor is not None and float(value) < float(self.floor):
+            return False  # never drawn: set to the floor
         low, high = float(self.low or 0), float(self.high or 0)
         if not low <= float(value) <= high:
             return False
@@ -102,7 +110,8 @@ class Param:
     def describe(self) -> str:
         if self.kind in ("choices", "fixed"):
             return f"{self.key} in {list(self.choices)}"
-        return f"{self.key} {self.kind} [{self.low}, {self.high}]"
+        below = "" if self.floor is None else f" (below {self.floor}: {self.floor})"
+        return f"{self.key} {self.kind} [{self.low}, {self.high}]{below}"
 
 
 def _is_number(value: Any) -> bool:
@@ -202,7 +211,16 @@ def _param(source: str, key: str, name: str, spec: Any) -> Param:
     ):
         whole = "a positive integer" if kind == "int" else "a positive number"
         raise ConfigError(f"{where}: `step` must be {whole}, got {step!r}")
-    return Param(key, name, kind, low=low, high=high, log=log, step=step, when=tuple(when))
+    floor = spec.get("floor")
+    if floor is not None:
+        if kind not in ("uniform", "int") or log:
+            raise ConfigError(f"{where}: `floor` goes with `uniform` or `int` (no log scale)")
+        floor = _number(source, key, floor)
+        if not low < floor <= high:
+            raise ConfigError(f"{where}: `floor` {floor} must be above low and at most high")
+    return Param(
+        key, name, kind, low=low, high=high, log=log, step=step, when=tuple(when), floor=floor
+    )
 
 
 _KNOWN: frozenset[str] | None = None
@@ -358,7 +376,8 @@ def check_space(space: SearchSpace, base: RunConfig) -> None:
                 f"{space.source}: {param.key}: set it in the base config, not the space (every "
                 "trial must validate at the same epochs for the pruner to compare them)"
             )
-        candidates = param.choices or (param.low, param.high)
+        low = param.low if param.floor is None else param.floor
+        candidates = param.choices or (low, param.high)  # what a trial can be given
         for value in candidates:
             try:
                 trial_config(base, {param.key: value}, source=space.source)
