@@ -81,7 +81,10 @@ class FilterIndex:
             empty = torch.zeros(0, dtype=torch.long)
             return cls(num_relations, empty, empty, empty, empty)
         span = max(int(torch.maximum(p[:, 0].max(), p[:, 2].max())) for p in parts) + 1
-        if span * num_relations * span >= 1 << 63:  # the rows themselves
+        packs = min(int(p.min()) for p in parts) >= 0 and all(
+            int(p[:, 1].max()) < num_relations for p in parts
+        )  # ids the key can hold, and no overflow
+        if not packs or span * num_relations * span >= 1 << 63:  # the rows themselves
             known = torch.unique(torch.cat(parts), dim=0)
             h, r, t = known[:, 0], known[:, 1], known[:, 2]
             tk = h * num_relations + r

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -199,6 +200,37 @@ def test_filter_index_is_the_row_wise_index_and_answers_as_brute_force(huge: boo
                       if x[1] == rel and (x[0] if side == "tail" else x[2]) == a}
         )  # fmt: skip
         assert got == want, side
+
+
+@pytest.mark.parametrize(
+    ("ids", "relations", "packed"),
+    [
+        (3_037_000_498, 1, True),  # span**2 * R just under 2**63
+        (3_037_000_499, 1, False),  # just over: rows
+        (5, 3, False),  # a relation id the key cannot hold
+    ],
+)
+def test_filter_index_packs_only_what_one_key_holds(
+    ids: int, relations: int, packed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[bool] = []
+    unique = torch.unique
+
+    def spy(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append("dim" in kwargs)
+        return unique(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "unique", spy)
+    triples = torch.tensor([[0, 0, ids], [ids, 0, 0], [0, 0, ids]])
+    if relations == 3:
+        triples = torch.tensor([[0, 3, 1], [1, 0, 2]])  # r = 3 with num_relations 3
+    index = FilterIndex.from_triples([triples], relations)
+    assert calls == [not packed]
+    if relations == 1:
+        _, found = index.answers("tail", triples[:1, 0], triples[:1, 1])
+        assert found.tolist() == [ids]
+        _, found = index.answers("head", triples[:1, 2], triples[:1, 1])
+        assert found.tolist() == [0]
 
 
 # -- split over the ranks of a gang ----------------------------------------------------------------

@@ -20,7 +20,7 @@ from kgpipe.config import parse_config
 from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, evaluate
 from kgpipe.export import load_model, save_model
-from kgpipe.model_file import map_checkpoint, map_model
+from kgpipe.model_file import map_checkpoint, map_model, map_stored
 from kgpipe.models.model import KGEModel
 from kgpipe.models.spec import ModelSpec
 from kgpipe.pipeline import train
@@ -142,6 +142,11 @@ def test_a_mapped_model_scores_as_the_loaded_one_and_never_writes_its_file(
     with torch.no_grad():
         mapped.entity[0] = 0.0  # copy-on-write: this process's copy only
     assert (tmp_path / "model.safetensors").read_bytes() == before
+    remote = Store("memory://kgpipe-test-map-model/run")  # not a local disk: mapped from a download
+    save_model(model, remote)
+    again = map_stored(remote)
+    assert _mapped_file(again.entity) is not None  # the download's name is gone, its map is not
+    assert torch.equal(again.entity, model.entity) and torch.equal(again.relation, model.relation)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "foreign", "header"])
@@ -158,3 +163,39 @@ def test_an_unreadable_model_file_is_named_in_one_line(tmp_path: Path, damage: s
         path.write_bytes(struct.pack("<Q", 10**9) + data[8:])
     with pytest.raises(RunError, match=r"model\.safetensors: not a readable kgpipe model file"):
         map_model(str(path))
+
+
+def test_shards_that_do_not_make_the_model_are_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """A row held twice and another missing, rows of the wrong width, a relation table of the
+    wrong shape: one :class:`CheckpointError` each, naming what does not fit."""
+    from safetensors import safe_open
+
+    from kgpipe.errors import CheckpointError
+    from kgpipe.model_file import _blocks, _check_parts
+
+    spec = ModelSpec(name="distmult", dim=3, num_entities=6, num_relations=2, reciprocal=False)
+    rows = torch.arange(18, dtype=torch.float32).view(6, 3)
+    twice = [(torch.tensor([0, 1, 2]), rows[:3]), (torch.tensor([2, 4, 5]), rows[3:])]
+    with pytest.raises(CheckpointError, match=r"do not hold entities 0\.\.5 once each"):
+        list(_blocks(twice, 6, 3, "ckpt"))
+    whole = [(torch.tensor([0, 2, 4]), rows[:3]), (torch.tensor([1, 3, 5]), rows[3:])]
+    blocks = list(_blocks(whole, 6, 3, "ckpt"))
+    assert torch.equal(torch.cat(blocks), rows[[0, 3, 1, 4, 2, 5]])
+    save_file(
+        {"a": torch.zeros(3, 3), "b": torch.zeros(3, 4), "c": torch.zeros(3, 3).double()},
+        str(tmp_path / "f.safetensors"),
+    )
+    relation = torch.zeros(2, 3)
+    with safe_open(str(tmp_path / "f.safetensors"), framework="pt") as f:
+        ids = torch.tensor([0, 1, 2])
+        good = [(ids, f.get_slice("a")), (torch.tensor([3, 4, 5]), f.get_slice("a"))]
+        _check_parts(spec, good, relation, "ckpt")
+        for bad in ("b", "c"):
+            with pytest.raises(CheckpointError, match="a shard's entity rows"):
+                _check_parts(spec, [(ids, f.get_slice(bad)), good[1]], relation, "ckpt")
+        with pytest.raises(CheckpointError, match="its relation table"):
+            _check_parts(spec, good, torch.zeros(4, 3), "ckpt")
+        with pytest.raises(CheckpointError, match="the shards hold 3 entity rows"):
+            _check_parts(spec, good[:1], relation, "ckpt")

@@ -125,12 +125,18 @@ def test_a_floor_sets_the_draws_below_it_to_it_as_libkge_reads_a_negative_dropou
     dropout = space.params[0]
     assert dropout.contains(0.0) and dropout.contains(0.3) and not dropout.contains(-0.2)
     assert "below 0.0: 0.0" in dropout.describe()
+    # a floor off the step grid is still a value the entry gives, so the base trial takes it
+    off_grid = SearchSpace.from_yaml("model.dim: {int: [-5, 35], step: 8, floor: 16}")
+    params, outside = off_grid.base_params(base_config(model={"dim": 16}))
+    assert (params, outside) == ({"model.dim": 16}, [])
+    check_space(off_grid, base_config())
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("training.lr: {loguniform: [0.1, 1], floor: 0.2}", "`floor` goes with `uniform` or"),
+        ("model.dim: {int: [-8, 32], floor: 8.5}", "`floor` must be an integer"),
         ("model.dropout.entity: {uniform: [0.0, 0.5], floor: 0.0}", "`floor` 0.0 must be above"),
         ("model.dropout.entity: {uniform: [-0.5, 0.5], floor: x}", "bounds must be numbers"),
         (

@@ -18,7 +18,7 @@ from kgpipe.errors import RunError
 from kgpipe.evaluation import FilterIndex, ProgressFn, evaluate
 from kgpipe.export import export_embeddings, save_model
 from kgpipe.export_shards import export_sharded
-from kgpipe.model_file import map_stored, write_sharded_model
+from kgpipe.model_file import write_sharded_model
 from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.query_candidates import QueryCandidates
@@ -110,8 +110,7 @@ def finish_run(
         spec = spec_from_config(
             config.model, num_entities=run.num_entities, num_relations=run.num_relations
         )
-        write_sharded_model(checkpoints, chosen, spec, store)
-        model = map_stored(store)
+        model = write_sharded_model(checkpoints, chosen, spec, store)
     else:
         model = _whole_model(run, checkpoints, chosen)
         save_model(model, store)
@@ -167,7 +166,9 @@ def _test_and_export(
 
         model.to(resolve_device(t.device))  # rank on the GPU if there is one
         results = test_results(config, model, data.test, index, "test", progress)
-        if not sharded:  # a sharded run exports from its shards: no copy of a mapped table
+        if sharded:  # it exports from its shards: no copy of the mapped table, no GPU copy kept
+            model.to("meta")
+        else:
             model.cpu()
         results["training"] = {
             "epochs": len(history),

@@ -96,8 +96,8 @@ class Param:
             return any(_same(value, c) for c in self.choices)
         if not _is_number(value) or (self.kind == "int" and not float(value).is_integer()):
             return False
-        if self.floor is not None and float(value) < float(self.floor):
-            return False  # never drawn: set to the floor
+        if self.floor is not None and float(value) <= float(self.floor):
+            return float(value) == float(self.floor)  # every draw below it gives it
         low, high = float(self.low or 0), float(self.high or 0)
         if not low <= float(value) <= high:
             return False
@@ -216,6 +216,8 @@ def _param(source: str, key: str, name: str, spec: Any) -> Param:
         if kind not in ("uniform", "int") or log:
             raise ConfigError(f"{where}: `floor` goes with `uniform` or `int` (no log scale)")
         floor = _number(source, key, floor)
+        if kind == "int" and not isinstance(floor, int):
+            raise ConfigError(f"{where}: an `int` entry's `floor` must be an integer")
         if not low < floor <= high:
             raise ConfigError(f"{where}: `floor` {floor} must be above low and at most high")
     return Param(
