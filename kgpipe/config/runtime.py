@@ -70,6 +70,15 @@ class DistributedConfig(Frozen):
             "checkpoint resumes on any number of workers up to this)."
         ),
     )
+    staleness: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "Under strategy=sharded: a rank may compute with a row it fetched from another rank "
+            "up to this many steps before (bounded staleness: fewer rows fetched; every step's "
+            "gradients still reach the owners at once). 0: every row fresh every step."
+        ),
+    )
     timeout_s: float = Field(
         default=300.0, gt=0.0, description="Collective/rendezvous timeout of the gang in seconds."
     )
@@ -131,6 +140,8 @@ class DistributedConfig(Frozen):
         if self.compression == "topk" and self.sync == "epoch":
             # rows left out would keep rank-local values and the ranks would drift apart
             raise ValueError("distributed.compression=topk works with sync=step only")
+        if self.staleness and self.strategy != "sharded":
+            raise ValueError("distributed.staleness works with strategy=sharded only")
         if self.strategy == "sharded":
             if self.sync != "step":
                 raise ValueError("distributed.strategy=sharded works with sync=step only")

@@ -22,6 +22,16 @@ replicated strategy):
 With the same seed and global batch this is single-process training up to the order in which a
 row's gradient contributions are summed (tested to 1e-5). Bytes are counted as in
 :class:`~kgpipe.distributed.comm.Comm`: what this rank sends to the others.
+
+**Bounded staleness** (``distributed.staleness: k`` > 0, the stale-synchronous reads of a
+parameter server): a rank keeps the rows it fetched from other ranks in a :class:`RowCache`
+and computes with a cached row while it is at most ``k`` steps old, fetching only the rows it
+does not hold fresh enough; its own rows it reads from its table. The pushes are unchanged:
+every step's gradients reach the owners in that step's exchange and are applied at once, so a
+row a rank reads has missed at most the updates of the ``k`` steps since it was fetched. Fewer
+rows are fetched (the hot rows of a power-law graph, and the shared negatives, recur from step
+to step); the steps still meet in the same collectives. The cache is emptied at every epoch's
+end, so a run resumed from a commit repeats the uninterrupted run exactly.
 """
 
 from __future__ import annotations
@@ -38,7 +48,7 @@ from kgpipe.distributed.comm import Comm, StepExchange
 from kgpipe.training.exchange import Exchange, Trainable
 from kgpipe.training.optim import RowGrad
 
-__all__ = ["LocalIndex", "ShardMap", "ShardedExchange", "owned_positions"]
+__all__ = ["LocalIndex", "RowCache", "ShardMap", "ShardedExchange", "owned_positions"]
 
 #: the seed of the entity permutation is the run's seed mixed with this (not the model's draw)
 _PERMUTATION_SALT = 0x5EED_5A4D
@@ -103,13 +113,59 @@ class LocalIndex:
         return mask, self.order[pos] if self.order.numel() else pos
 
 
+class RowCache:
+    """Rows fetched from other ranks, each with the step it was fetched at: a row may be used
+    while it is at most ``staleness`` steps old."""
+
+    def __init__(self, staleness: int) -> None:
+        self.staleness = staleness
+        self.ids = torch.zeros(0, dtype=torch.long)  # ascending
+        self.rows: Tensor | None = None
+        self.steps = torch.zeros(0, dtype=torch.long)
+
+    def lookup(self, ids: Tensor, step: int) -> tuple[Tensor, Tensor | None]:
+        """``(mask, rows)``: which of ``ids`` are cached fresh enough for ``step``, and their
+        rows (in the order of the ``True`` entries of the mask; ``None``: the cache is empty)."""
+        if self.rows is None or not self.ids.numel():
+            return torch.zeros_like(ids, dtype=torch.bool), None
+        self.ids = self.ids.to(ids.device)
+        held, pos = owned_positions(self.ids, ids)
+        fresh = held & (step - self.steps.to(ids.device)[pos] <= self.staleness)
+        return fresh, self.rows[pos[fresh]]
+
+    def update(self, ids: Tensor, rows: Tensor, step: int) -> None:
+        """Add the rows of ``ids`` fetched at ``step`` (none of them cached fresh), and drop
+        the rows too old for the next step."""
+        if self.rows is None:
+            self.rows = rows.new_zeros((0, *rows.shape[1:]))
+        keep = self.steps.to(ids.device) >= step + 1 - self.staleness
+        all_ids = torch.cat((self.ids.to(ids.device)[keep], ids))
+        order = torch.argsort(all_ids)
+        self.ids = all_ids[order]
+        self.rows = torch.cat((self.rows[keep], rows))[order]
+        steps = torch.cat((self.steps.to(ids.device)[keep], torch.full_like(ids, step)))
+        self.steps = steps[order]
+
+    def clear(self) -> None:
+        self.ids = self.ids[:0]
+        self.rows = None
+        self.steps = self.steps[:0]
+
+    @property
+    def size(self) -> int:
+        return int(self.ids.numel())
+
+
 class ShardedExchange(Exchange):
     """Pull rows from their owners before a step; push row gradients to them after it."""
 
-    def __init__(self, comm: Comm, shard_map: ShardMap, rank: int) -> None:
+    def __init__(self, comm: Comm, shard_map: ShardMap, rank: int, *, staleness: int = 0) -> None:
         self.comm = comm
         self.map = shard_map
         self.rank = rank
+        self.cache = RowCache(staleness) if staleness > 0 else None
+        self._step = 0  # steps taken, for the cache's ages
+        self._reads = [0, 0]  # rows read from the cache, rows fetched (since the last stats)
         self.own = shard_map.owned(rank).to(comm.device)  # the local table's ids, in order
         self.index = LocalIndex(self.own)
         # where the ids of a step live: no host round trip per step on a GPU
@@ -171,7 +227,9 @@ class ShardedExchange(Exchange):
         compact table of those rows, with the batch and draws renumbered into it."""
         touched = torch.unique(strategy.touched(batch, draws))
         self._kit = strategy.kit
-        self._kit.tables["entity"] = self.fetch(touched)
+        self._kit.tables["entity"] = (
+            self.fetch(touched) if self.cache is None else self._read(touched)
+        )
         self._touched = touched
 
         def renumber(ids: Tensor) -> Tensor:  # ids outside this rank's share are never read
@@ -182,6 +240,25 @@ class ShardedExchange(Exchange):
         local[..., 0] = renumber(batch[..., 0])
         local[..., 2] = renumber(batch[..., 2])
         return local, (renumber(draws) if draws is not None else None)
+
+    def _read(self, touched: Tensor) -> Tensor:
+        """The rows of ``touched`` under bounded staleness: this rank's own from its table,
+        others from the cache while fresh enough, the rest fetched (a collective) and cached."""
+        assert self.cache is not None and self._trainer is not None
+        table = self._trainer.tables["entity"]
+        own, pos = self.index.locate(touched)
+        fresh, cached = self.cache.lookup(touched, self._step)  # never its own: never fetched
+        need = ~(own | fresh)
+        fetched = self.fetch(touched[need])  # every rank calls it, with what it lacks
+        rows = table.new_empty((touched.numel(), table.shape[1]))
+        rows[own] = table[pos[own]]
+        if cached is not None:
+            rows[fresh] = cached
+        rows[need] = fetched
+        self.cache.update(touched[need], fetched, self._step)
+        self._reads[0] += int(fresh.sum())
+        self._reads[1] += int(need.sum())
+        return rows
 
     def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
         assert self._touched is not None, "pull before step"
@@ -200,6 +277,7 @@ class ShardedExchange(Exchange):
         out = self.relations.step({k: v for k, v in grads.items() if k != "entity"})
         out["entity"] = RowGrad(rows, summed)
         self._touched = None
+        self._step += 1
         if self._kit is not None and self._trainer is not None:  # the compact copy is done with
             self._kit.tables["entity"] = self._trainer.tables["entity"]
         return out
@@ -215,7 +293,13 @@ class ShardedExchange(Exchange):
     def epoch_end(
         self, trainer: Trainable, loss_sum: float, queries: int, triples: int
     ) -> tuple[float, int, int]:
+        if self.cache is not None:  # an epoch starts from the owners' rows: resumes repeat it
+            self.cache.clear()
         return self.relations.epoch_end(trainer, loss_sum, queries, triples)
 
     def pop_stats(self) -> dict[str, Any]:
-        return self.comm.pop_stats()
+        out = self.comm.pop_stats()
+        if self.cache is not None:
+            out["rows_cached"], out["rows_fetched"] = self._reads
+            self._reads = [0, 0]
+        return out

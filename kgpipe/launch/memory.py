@@ -119,6 +119,9 @@ def rank_memory(
         step = 4 * 2 * batch * (t.negatives + 2) * m.dim
         if sharded:  # the fetched rows and the pushed gradients, and the map of the shards
             step = 2 * step + 12 * num_entities
+            if d.staleness:  # the cache: at most the rows of the last k steps, not its own
+                rows = min(d.staleness * batch * (t.negatives + 2), num_entities - held)
+                step += rows * (4 * m.dim + 16)
     else:  # scores against every entity, and their gradient
         step = 4 * 2 * batch * num_entities
     return RankMemory(

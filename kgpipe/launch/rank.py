@@ -192,7 +192,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                 world_size=spec.world_size,
                 seed=config.run.seed,
             )
-            exchange = ShardedExchange(comm, shard_map, spec.rank)
+            exchange = ShardedExchange(comm, shard_map, spec.rank, staleness=dcfg.staleness)
             part, stream = (spec.rank, spec.world_size), 0
         elif step_sync:
             exchange = StepExchange(comm, mode=dcfg.exchange)
