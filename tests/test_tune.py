@@ -13,6 +13,7 @@ import textwrap
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pytest
@@ -475,8 +476,41 @@ def test_trial_past_its_time_limit_is_pruned_with_what_it_validated(tmp_path: Pa
     assert time.monotonic() - t0 < 60
     assert out.state == "pruned" and "past the trial time limit" in (out.error or "")
     assert out.epochs < 400  # (how many fit in 3 s depends on the machine's load)
+    assert out.timed_out and out.url == str(tmp_path / "t")  # its checkpoints hold its model
     if out.value is not None:  # scored by its best validation so far
         assert out.value == max(h["valid_mrr"] for h in out.history if "valid_mrr" in h)
+
+
+def test_the_best_trial_may_be_one_the_time_limit_stopped_never_one_the_pruner_stopped() -> None:
+    from optuna.distributions import FloatDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from kgpipe.tune.results import best_trial
+
+    study = optuna.create_study(direction="maximize")
+    dist = {"x": FloatDistribution(0, 1)}
+
+    def add(state: TrialState, value: float | None, **attrs: Any) -> None:
+        study.add_trial(
+            create_trial(
+                state=state, value=value if state == TrialState.COMPLETE else None,
+                params={"x": 0.5}, distributions=dist, user_attrs=attrs,
+            )
+        )  # fmt: skip
+
+    assert best_trial(study) is None
+    add(TrialState.COMPLETE, 0.20, best_valid_mrr=0.20, run="r0")
+    add(TrialState.PRUNED, None, best_valid_mrr=0.40, run="r1", pruned_at=10)  # the pruner's
+    add(TrialState.PRUNED, None, best_valid_mrr=0.30, timed_out=True)  # no run folder known
+    add(TrialState.FAIL, None, best_valid_mrr=0.50, run="r3")
+    found = best_trial(study)
+    assert found is not None and (found[0].number, found[1]) == (0, 0.20)
+    add(TrialState.PRUNED, None, best_valid_mrr=0.25, run="r4", timed_out=True)
+    found = best_trial(study)
+    assert found is not None and (found[0].number, found[1]) == (4, 0.25)
+    add(TrialState.COMPLETE, 0.25, best_valid_mrr=0.25, run="r5")  # a tie: the earliest
+    found = best_trial(study)
+    assert found is not None and found[0].number == 4
 
 
 def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path: Path) -> None:

@@ -292,6 +292,7 @@ def _resumed_study(args: argparse.Namespace) -> StudyFolder:
 
 def _so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | None]:
     """The trials of a study by state, and its best (valid MRR, trial)."""
+    from kgpipe.tune.results import best_trial
     from kgpipe.tune.settings import check_storage
     from kgpipe.tune.study import load_optuna_study
 
@@ -301,10 +302,8 @@ def _so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | No
     for t in study.get_trials(deepcopy=False):
         state = str(t.state.name).lower()
         states[state] = states.get(state, 0) + 1
-    try:
-        best = (float(study.best_value), int(study.best_trial.number))
-    except ValueError:
-        best = None
+    found = best_trial(study)
+    best = None if found is None else (found[1], int(found[0].number))
     return states, best
 
 

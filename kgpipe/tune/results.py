@@ -19,7 +19,15 @@ from kgpipe.tune.settings import redact_url
 from kgpipe.tune.space import trial_config
 from kgpipe.tune.track import track_findings
 
-__all__ = ["best_config", "best_so_far", "importances", "summarize", "trial_rows", "write_plots"]
+__all__ = [
+    "best_config",
+    "best_so_far",
+    "best_trial",
+    "importances",
+    "summarize",
+    "trial_rows",
+    "write_plots",
+]
 
 Log = Callable[[str], None]
 
@@ -86,12 +94,31 @@ def importances(study: Any) -> dict[str, float]:
         return {}
 
 
+def best_trial(study: Any) -> tuple[Any, float] | None:
+    """The trial with the best validation MRR, and that MRR: among the complete trials and
+    those the trial time limit stopped (slow, not judged worse by the pruner: their committed
+    checkpoints hold the model they validated). The earliest wins a tie."""
+    from optuna.trial import TrialState
+
+    best: tuple[Any, float] | None = None
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.COMPLETE:
+            value = t.value
+        elif t.state == TrialState.PRUNED and t.user_attrs.get("timed_out"):
+            value = t.user_attrs.get("best_valid_mrr") if t.user_attrs.get("run") else None
+        else:
+            continue
+        if value is not None and (best is None or float(value) > best[1]):
+            best = (t, float(value))
+    return best
+
+
 def best_config(folder: StudyFolder, study: Any) -> RunConfig | None:
     """The best trial's config as a run config of its own (named after the study, tested)."""
-    try:
-        best = study.best_trial
-    except ValueError:
+    found = best_trial(study)
+    if found is None:
         return None
+    best = found[0]
     config = trial_config(folder.base, best.user_attrs.get("values", {}), source="best trial")
     return config.model_copy(
         update={
@@ -190,8 +217,9 @@ def summarize(
     results: dict[str, Any] = {
         "study": folder.name,
         "storage": redact_url(folder.storage),
-        "selection": "best valid MRR (filtered, both sides) over each trial's validations; "
-        "test metrics are of the best trial only, computed after the search",
+        "selection": "best valid MRR (filtered, both sides) over each trial's validations, "
+        "among the complete trials and those the trial time limit stopped; test metrics are of "
+        "the best trial only, computed after the search",
         "trials": {s: states.count(s) for s in sorted(set(states))},
         "trial_epochs": sum(int(r["epochs"] or 0) for r in rows),
         "trial_seconds": round(sum(float(r["seconds"] or 0) for r in rows), 1),
@@ -202,16 +230,18 @@ def summarize(
         },
     }
     config = best_config(folder, study)
-    if config is not None:
-        best = study.best_trial
+    found = best_trial(study)
+    if config is not None and found is not None:
+        best, value = found
         folder.write_text(
             "best.yaml",
             f"# best trial {best.number} of study {folder.name}: "
-            f"valid MRR {best.value:.4f}\n" + config_to_yaml(config),
+            f"valid MRR {value:.4f}\n" + config_to_yaml(config),
         )
         results["best"] = {
             "trial": best.number,
-            "valid_mrr": best.value,
+            "valid_mrr": value,
+            "state": _state(best),
             "epoch": best.user_attrs.get("best_epoch"),
             "values": best.user_attrs.get("values", {}),
             "run": best.user_attrs.get("run"),

@@ -149,6 +149,8 @@ def _tell(study: Any, run: _Running, outcome: TrialOutcome) -> None:
     trial.set_user_attr("best_valid_mrr", outcome.value)
     if outcome.url:
         trial.set_user_attr("run", outcome.url)
+    if outcome.timed_out:  # slow, not judged worse: its best validation may win the study
+        trial.set_user_attr("timed_out", True)
     if outcome.error:
         trial.set_user_attr("error", outcome.error[:2000])
     if outcome.state == "complete":

@@ -46,6 +46,7 @@ class TrialOutcome:
     url: str | None = None
     seconds: float = 0.0
     resumed_from: int = 0
+    timed_out: bool = False  # stopped by the trial time limit (not by the pruner's rule)
 
     @property
     def epochs(self) -> int:
@@ -72,6 +73,12 @@ class _Deadline(Callback):
     ) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise TrialTimedOut(f"stopped in epoch {epoch}: past the trial time limit")
+
+
+def _run_url(config: RunConfig) -> str:
+    from kgpipe.runs.folder import run_store
+
+    return run_store(config).url
 
 
 def _recorded_history(config: RunConfig) -> list[dict[str, Any]]:
@@ -141,8 +148,11 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
             holder=f"trial {spec.number} of study {spec.study_name}",
         )
     except TrialTimedOut as err:  # pruned by the clock: scored by what it validated so far
-        out.history = _recorded_history(config.with_run_name())
+        named = config.with_run_name()
+        out.history = _recorded_history(named)
         out.error = str(err)
+        out.timed_out = True
+        out.url = _run_url(named)  # its committed checkpoints hold what it validated
         out.seconds = time.perf_counter() - t0
         _score(out)
         out.state = "pruned"
