@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import commit, hardware
 
+ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
 #: run in a fresh process with the code under test first on its path: one finish, measured
@@ -138,7 +138,7 @@ def main() -> None:
         info = json.loads((run / "data.json").read_text())
         rows: dict[str, list[dict[str, Any]]] = {k: [] for k in codes}
         for i in range(args.rounds):
-            for name, code in (codes.items() if i % 2 == 0 else reversed(codes.items())):
+            for name, code in codes.items() if i % 2 == 0 else reversed(codes.items()):
                 got = _finish(code, run)
                 rows[name].append(got)
                 print(name, json.dumps(got), flush=True)
