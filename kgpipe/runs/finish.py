@@ -115,7 +115,7 @@ def finish_run(
         model = _whole_model(run, checkpoints, chosen)
         save_model(model, store)
     return _test_and_export(
-        run, checkpoints, model, chosen, history, restarts, seconds, say, eval_progress
+        run, checkpoints, model, chosen, sharded, history, restarts, seconds, say, eval_progress
     )
 
 
@@ -138,6 +138,7 @@ def _test_and_export(
     checkpoints: CheckpointStore,
     model: KGEModel,
     chosen: Checkpoint | None,
+    sharded: bool,
     history: Sequence[dict[str, Any]],
     restarts: int,
     seconds: float | None,
@@ -145,7 +146,6 @@ def _test_and_export(
     eval_progress: ProgressFn | None,
 ) -> dict[str, Any] | None:
     config, store = run.config, run.store
-    sharded = chosen is not None and chosen.manifest.get("strategy") == "sharded"
     vocab = Vocabulary.read(store.url_of(VOCAB), config.run.storage_options, retry=run.retry)
     results: dict[str, Any] | None = None
     data = run.staged()

@@ -113,12 +113,9 @@ def best_trial(study: Any) -> tuple[Any, float] | None:
     return best
 
 
-def best_config(folder: StudyFolder, study: Any) -> RunConfig | None:
-    """The best trial's config as a run config of its own (named after the study, tested)."""
-    found = best_trial(study)
-    if found is None:
-        return None
-    best = found[0]
+def best_config(folder: StudyFolder, best: Any) -> RunConfig:
+    """The config of trial ``best`` (:func:`best_trial`'s) as a run config of its own (named
+    after the study, tested)."""
     config = trial_config(folder.base, best.user_attrs.get("values", {}), source="best trial")
     return config.model_copy(
         update={
@@ -229,10 +226,10 @@ def summarize(
             "storage": folder.settings.storage and redact_url(folder.settings.storage),
         },
     }
-    config = best_config(folder, study)
     found = best_trial(study)
-    if config is not None and found is not None:
+    if found is not None:
         best, value = found
+        config = best_config(folder, best)
         folder.write_text(
             "best.yaml",
             f"# best trial {best.number} of study {folder.name}: "
