@@ -113,13 +113,51 @@ class WeedProcess:
                 fs = s3fs.S3FileSystem(**self.server.storage_options(), skip_instance_cache=True)
                 if not fs.exists("kgpipe"):
                     fs.mkdir("kgpipe")
-                return self.server
+                break
             except Exception:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     tail = (self.data / "weed.log").read_text(errors="replace")[-2000:]
                     raise RuntimeError(f"SeaweedFS did not start: {tail}") from None
                 time.sleep(0.5)
+        self._probe_write()
+        return self.server
+
+    def _probe_write(self) -> None:
+        """One small object written and read back, with short timeouts: a server that answers
+        but cannot store (its volume server holds no writable volume when the disk has less
+        than 1% of its size free) fails the session here in seconds, with the reason, instead of
+        every S3 test waiting out the client's retries."""
+        import s3fs
+
+        fs = s3fs.S3FileSystem(
+            **self.server.storage_options(),
+            skip_instance_cache=True,
+            config_kwargs={
+                "connect_timeout": 5,
+                "read_timeout": 5,
+                "retries": {"max_attempts": 1},
+            },
+        )
+        fs.retries = 1  # s3fs's own retry loop on top of botocore's
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                fs.pipe("kgpipe/.probe", b"probe")
+                if fs.cat("kgpipe/.probe") == b"probe":
+                    fs.rm("kgpipe/.probe")
+                    return
+            except Exception:
+                pass
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                disk = shutil.disk_usage(self.data)
+                self.stop()
+                raise RuntimeError(
+                    f"SeaweedFS started but stores nothing: {disk.free / 2**20:,.0f} MiB free of "
+                    f"{disk.total / 2**30:,.0f} GiB on the disk holding {self.data} (its volume "
+                    "server wants 1% of the disk free); see its log, weed.log, there"
+                )
+            time.sleep(0.5)
 
     def stop(self) -> None:
         if self.proc is None:
