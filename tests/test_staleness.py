@@ -80,6 +80,43 @@ def test_the_cache_serves_a_row_while_it_is_at_most_k_steps_old() -> None:
     assert cache.size == 0 and cache.lookup(torch.tensor([4]), 13)[0].tolist() == [False]
 
 
+@pytest.mark.parametrize("staleness", [1, 3])
+def test_the_cache_agrees_with_a_dict_over_many_steps_and_reuses_its_slots(staleness: int) -> None:
+    """Random steps against a reference (a dict of id -> (step, row)): the same rows served, the
+    same ids kept; the pool stops growing once the cache has reached its steady size, and
+    never passes its limit."""
+    gen = torch.Generator().manual_seed(staleness)
+    limit = 40  # the rows other ranks own: ids 0..39
+    cache = RowCache(staleness, limit=limit)
+    ref: dict[int, tuple[int, torch.Tensor]] = {}
+    pools = []
+    for step in range(200):
+        if step % 50 == 49:  # an epoch's end
+            cache.clear()
+            ref.clear()
+        ids = torch.unique(
+            torch.randint(
+                0, limit, (int(torch.randint(1, 25, (1,), generator=gen)),), generator=gen
+            )
+        )
+        mask, rows = cache.lookup(ids, step)
+        fresh = [i for i in ids.tolist() if i in ref and step - ref[i][0] <= staleness]
+        assert ids[mask].tolist() == fresh, step
+        if fresh:
+            assert rows is not None
+            assert torch.equal(rows, torch.stack([ref[i][1] for i in fresh])), step
+        need = ids[~mask]
+        new_rows = torch.randn(need.numel(), 3, generator=gen)
+        cache.update(need, new_rows, step)
+        ref = {i: v for i, v in ref.items() if v[0] >= step + 1 - staleness}
+        ref.update({i: (step, r) for i, r in zip(need.tolist(), new_rows, strict=True)})
+        assert cache.ids.tolist() == sorted(ref), step
+        assert cache.pool is not None
+        pools.append(cache.pool.shape[0])
+    assert max(pools) <= limit
+    assert len(set(pools)) <= 8  # grown a few times in 200 steps: freed slots are written again
+
+
 def test_staleness_needs_the_sharded_strategy(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="staleness works with strategy=sharded only"):
         parse_config({"run": {"root": str(tmp_path)}, "distributed": {"staleness": 2}})

@@ -115,41 +115,63 @@ class LocalIndex:
 
 class RowCache:
     """Rows fetched from other ranks, each with the step it was fetched at: a row may be used
-    while it is at most ``staleness`` steps old."""
+    while it is at most ``staleness`` steps old.
 
-    def __init__(self, staleness: int) -> None:
+    The rows live in a pool of slots that only grows (to the most rows ever cached at once);
+    a step writes its new rows into free slots and re-sorts only the ids, their slots and
+    their steps, so its cost does not grow with the rows it keeps. ``limit``: the most rows it
+    can ever hold (the entities other ranks own), which the pool's growth never passes."""
+
+    def __init__(self, staleness: int, limit: int | None = None) -> None:
         self.staleness = staleness
+        self.limit = limit
         self.ids = torch.zeros(0, dtype=torch.long)  # ascending
-        self.rows: Tensor | None = None
-        self.steps = torch.zeros(0, dtype=torch.long)
+        self.slots = torch.zeros(0, dtype=torch.long)  # each id's row in the pool
+        self.steps = torch.zeros(0, dtype=torch.long)  # the step each row was fetched at
+        self.pool: Tensor | None = None
+        self.free = torch.zeros(0, dtype=torch.long)  # slots of the pool holding no row
 
     def lookup(self, ids: Tensor, step: int) -> tuple[Tensor, Tensor | None]:
         """``(mask, rows)``: which of ``ids`` are cached fresh enough for ``step``, and their
         rows (in the order of the ``True`` entries of the mask; ``None``: the cache is empty)."""
-        if self.rows is None or not self.ids.numel():
+        if self.pool is None or not self.ids.numel():
             return torch.zeros_like(ids, dtype=torch.bool), None
-        self.ids = self.ids.to(ids.device)
         held, pos = owned_positions(self.ids, ids)
-        fresh = held & (step - self.steps.to(ids.device)[pos] <= self.staleness)
-        return fresh, self.rows[pos[fresh]]
+        fresh = held & (step - self.steps[pos] <= self.staleness)
+        return fresh, self.pool[self.slots[pos[fresh]]]
 
     def update(self, ids: Tensor, rows: Tensor, step: int) -> None:
         """Add the rows of ``ids`` fetched at ``step`` (none of them cached fresh), and drop
         the rows too old for the next step."""
-        if self.rows is None:
-            self.rows = rows.new_zeros((0, *rows.shape[1:]))
-        keep = self.steps.to(ids.device) >= step + 1 - self.staleness
-        all_ids = torch.cat((self.ids.to(ids.device)[keep], ids))
+        if self.pool is None:
+            self.pool = rows.new_empty((0, *rows.shape[1:]))
+            self.ids, self.slots, self.steps, self.free = (
+                t.to(ids.device) for t in (self.ids, self.slots, self.steps, self.free)
+            )
+        keep = self.steps >= step + 1 - self.staleness
+        free = torch.cat((self.free, self.slots[~keep]))
+        n = ids.numel()
+        if free.numel() < n:  # grow by a quarter again at least (amortised copies), to the limit
+            have = self.pool.shape[0]
+            grow = max(n - free.numel(), have // 4)
+            if self.limit is not None:
+                grow = max(n - free.numel(), min(grow, self.limit - have))
+            self.pool = torch.cat((self.pool, self.pool.new_empty((grow, *self.pool.shape[1:]))))
+            extra = torch.arange(have, have + grow, device=free.device)
+            free = torch.cat((free, extra))
+        slots, self.free = free[:n], free[n:]
+        self.pool[slots] = rows
+        all_ids = torch.cat((self.ids[keep], ids))
         order = torch.argsort(all_ids)
         self.ids = all_ids[order]
-        self.rows = torch.cat((self.rows[keep], rows))[order]
-        steps = torch.cat((self.steps.to(ids.device)[keep], torch.full_like(ids, step)))
-        self.steps = steps[order]
+        self.slots = torch.cat((self.slots[keep], slots))[order]
+        self.steps = torch.cat((self.steps[keep], torch.full_like(ids, step)))[order]
 
     def clear(self) -> None:
-        self.ids = self.ids[:0]
-        self.rows = None
-        self.steps = self.steps[:0]
+        """Forget every row (the pool's memory is kept for the next epoch)."""
+        if self.pool is not None:
+            self.free = torch.arange(self.pool.shape[0], device=self.free.device)
+        self.ids, self.slots, self.steps = self.ids[:0], self.slots[:0], self.steps[:0]
 
     @property
     def size(self) -> int:
@@ -163,10 +185,12 @@ class ShardedExchange(Exchange):
         self.comm = comm
         self.map = shard_map
         self.rank = rank
-        self.cache = RowCache(staleness) if staleness > 0 else None
-        self._step = 0  # steps taken, for the cache's ages
-        self._reads = [0, 0]  # rows read from the cache, rows fetched (since the last stats)
         self.own = shard_map.owned(rank).to(comm.device)  # the local table's ids, in order
+        others = shard_map.num_entities - self.own.numel()
+        self.cache = RowCache(staleness, limit=others) if staleness > 0 else None
+        self._step = 0  # steps taken, for the cache's ages
+        # rows read from the cache, rows fetched (since the last stats; no host sync per step)
+        self._reads = torch.zeros(2, dtype=torch.long, device=comm.device)
         self.index = LocalIndex(self.own)
         # where the ids of a step live: no host round trip per step on a GPU
         self._shard_of = shard_map.shard_of.to(comm.device)
@@ -256,8 +280,7 @@ class ShardedExchange(Exchange):
             rows[fresh] = cached
         rows[need] = fetched
         self.cache.update(touched[need], fetched, self._step)
-        self._reads[0] += int(fresh.sum())
-        self._reads[1] += int(need.sum())
+        self._reads += torch.stack((fresh.sum(), need.sum()))
         return rows
 
     def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
@@ -300,6 +323,6 @@ class ShardedExchange(Exchange):
     def pop_stats(self) -> dict[str, Any]:
         out = self.comm.pop_stats()
         if self.cache is not None:
-            out["rows_cached"], out["rows_fetched"] = self._reads
-            self._reads = [0, 0]
+            out["rows_cached"], out["rows_fetched"] = self._reads.tolist()
+            self._reads.zero_()
         return out
