@@ -76,7 +76,7 @@ class FilterIndex:
         ``int64`` key ``(h * R + r) * E + t`` where that cannot overflow: deduplicating and
         sorting one key holds a fraction of what a row-wise ``unique`` of ``(n, 3)`` does
         (2.2 GB at peak for 6M triples), and gives the same index."""
-        parts = [t.long() for t in triples if t.numel()]
+        parts = [t for t in triples if t.numel()]  # int32 or int64: widened a column at a time
         if not parts:
             empty = torch.zeros(0, dtype=torch.long)
             return cls(num_relations, empty, empty, empty, empty)
@@ -85,7 +85,7 @@ class FilterIndex:
             int(p[:, 1].max()) < num_relations for p in parts
         )  # ids the key can hold, and no overflow
         if not packs or span * num_relations * span >= 1 << 63:  # the rows themselves
-            known = torch.unique(torch.cat(parts), dim=0)
+            known = torch.unique(torch.cat([p.long() for p in parts]), dim=0)
             h, r, t = known[:, 0], known[:, 1], known[:, 2]
             tk = h * num_relations + r
             to = torch.argsort(tk, stable=True)
@@ -93,7 +93,9 @@ class FilterIndex:
             del to, tk
         else:  # one key per triple, sorted by (h, r, t) as the rows would be
             key = torch.unique(
-                torch.cat([(p[:, 0] * num_relations + p[:, 1]) * span + p[:, 2] for p in parts])
+                torch.cat(
+                    [(p[:, 0].long() * num_relations + p[:, 1]) * span + p[:, 2] for p in parts]
+                )
             )
             tail_keys, tails = key // span, key % span  # sorted by h * R + r, then t
             del key

@@ -22,6 +22,7 @@ from kgpipe.storage import Store
 __all__ = ["MANIFEST", "ShardManifest", "read_manifest", "read_shards", "stage_shards"]
 
 MANIFEST = "data/shards/manifest.json"
+_I32 = np.iinfo(np.int32)
 
 
 @dataclass(frozen=True)
@@ -87,13 +88,30 @@ def read_manifest(store: Store) -> ShardManifest:
 
 
 def read_shards(store: Store, manifest: ShardManifest, ids: list[int]) -> Tensor:
-    """Concatenate shards ``ids`` (in order), verifying each file's sha256."""
-    parts = []
+    """Concatenate shards ``ids`` (in order), verifying each file's sha256.
+
+    The triples come back as ``int32`` where every id fits (half the memory of the ``int64``
+    the shards are stored in: every rank of a step-synchronised gang holds all of them), and
+    as ``int64`` otherwise; :meth:`StepStrategy.batch` widens each batch. Each shard is copied
+    into one array as it is read, so the peak is the result and one shard, not twice the
+    result."""
+    if not ids:
+        return torch.zeros(0, 3, dtype=torch.long)
+    out = np.empty((sum(manifest.counts[i] for i in ids), 3), dtype=np.int32)
+    at = 0
     for i in ids:
+        url = store.url_of(manifest.files[i])
         data = store.read_bytes(manifest.files[i])
         if hashlib.sha256(data).hexdigest() != manifest.sha256[i]:
-            raise RunError(f"{store.url_of(manifest.files[i])}: checksum mismatch (corrupt shard)")
-        parts.append(np.load(io.BytesIO(data), allow_pickle=False))
-    if not parts:
-        return torch.zeros(0, 3, dtype=torch.long)
-    return torch.from_numpy(np.concatenate(parts))
+            raise RunError(f"{url}: checksum mismatch (corrupt shard)")
+        part = np.load(io.BytesIO(data), allow_pickle=False)
+        del data
+        if part.ndim != 2 or part.shape != (manifest.counts[i], 3):
+            raise RunError(
+                f"{url}: holds {part.shape} ids, the manifest says {manifest.counts[i]} triples"
+            )
+        if out.dtype == np.int32 and part.size and (part.min() < _I32.min or part.max() > _I32.max):
+            out = out.astype(np.int64)  # ids past int32: the rest is read as stored
+        out[at : at + len(part)] = part
+        at += len(part)
+    return torch.from_numpy(out)

@@ -11,9 +11,10 @@ the replicated strategy every rank holds:
   background writer takes (none with ``checkpoint.background: false``); the file is streamed
   from the tensors to disk, so serialising holds no copy (it held three before);
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
-* the staged training triples (3 int64 ids each) and the epoch's order: all of them under step
-  sync (every rank draws the global batch), its shards under epoch sync, plus all of them
-  on rank 0 and where it validates (the filter needs every known triple);
+* the staged training triples (3 int32 ids each; int64 past 2**31 ids) and the epoch's
+  order: all of them under step sync (every rank draws the global batch), its shards under
+  epoch sync, plus all of them on rank 0 and where it validates (the filter needs every
+  known triple);
 * where it validates (full ranking is split over every rank of a gang; a sampled validation
   runs on rank 0): the filter index, 4 int64 per known triple (twice that while it is built),
   and a chunk's scores against its candidates with a comparison's booleans (with per-query
@@ -109,10 +110,11 @@ def rank_memory(
         averaging = tables + 4 * (num_entities + relation_rows)
     step_sync = config.distributed.sync == "step" or world == 1
     validates = bool(config.evaluation.every)  # rank 0 does (any worker may hold rank 0)
+    ids = 4 if max(num_entities, relation_rows) <= 2**31 - 1 else 8  # read as int32 if they fit
     if step_sync:
-        triples = num_train * (3 * 8 + 8)
+        triples = num_train * (3 * ids + 8)
     else:  # its shards, and every triple on rank 0 (and where it validates)
-        triples = -(-num_train // max(1, world)) * (3 * 8 + 8) + num_train * 3 * 8
+        triples = -(-num_train // max(1, world)) * (3 * ids + 8) + num_train * 3 * ids
     t = config.training
     batch = -(-t.batch_size // max(1, world))
     if t.mode == "negative_sampling":
@@ -121,7 +123,7 @@ def rank_memory(
             step = 2 * step + 12 * num_entities
             if d.staleness:  # the cache: at most the rows of the last k steps, not its own
                 rows = min(d.staleness * batch * (t.negatives + 2), num_entities - held)
-                step += rows * (4 * m.dim + 16)
+                step += rows * (5 * m.dim + 32)  # its pool grows by a quarter at a time
     else:  # scores against every entity, and their gradient
         step = 4 * 2 * batch * num_entities
     return RankMemory(

@@ -128,7 +128,9 @@ class Trainer:
         )
         self.strategy = STEPS.get(training.mode)(
             kit,
-            train.long().to(self.device),
+            (train if train.dtype in (torch.int32, torch.int64) else train.long()).to(
+                self.device
+            ),  # int32 stays int32 (half the memory); each batch is widened
             chunk_size=training.chunk_size,
             negatives=training.negatives,
         )

@@ -83,7 +83,8 @@ class StepStrategy(ABC):
     """How one training mode samples and scores a step.
 
     Every strategy takes the options of ``training`` it might use (``chunk_size``,
-    ``negatives``). ``train`` holds the rank's training triples ``(n, 3)``.
+    ``negatives``). ``train`` holds the rank's training triples ``(n, 3)``, ``int32`` or
+    ``int64``.
     """
 
     name: ClassVar[str]
@@ -101,8 +102,9 @@ class StepStrategy(ABC):
         return int(self.train.shape[0])
 
     def batch(self, ids: Tensor) -> Tensor:
-        """The batch of the permuted example ``ids``."""
-        return self.train[ids]
+        """The batch of the permuted example ``ids`` (``int64``: the staged triples may be held
+        as ``int32``)."""
+        return self.train[ids].long()
 
     def triples_covered(self, examples: int) -> int:
         """Training triples behind ``examples`` examples of an epoch (for triples/s)."""

@@ -19,7 +19,7 @@ class KvsAllIndex:
     """Training queries ``(anchor, relation, side)`` with their true answers in CSR form."""
 
     def __init__(self, train: Tensor, num_relations: int, reciprocal: bool) -> None:
-        h, r, t = train[:, 0], train[:, 1], train[:, 2]
+        h, r, t = train[:, 0].long(), train[:, 1].long(), train[:, 2].long()
         if reciprocal:
             anchors = torch.cat((h, t))
             rels = torch.cat((r, r + num_relations))
