@@ -61,3 +61,35 @@ class RecordModel(Callback):
 
 # ship the classes themselves with pickled callbacks: worker processes need not import this module
 cloudpickle.register_pickle_by_value(__import__(__name__))
+
+
+class SlowShardWrites(Callback):
+    """On rank ``rank``, every checkpoint file write first sleeps ``seconds`` (a slow object
+    store): patched into the rank's process at the start, restored at the end."""
+
+    def __init__(self, *, rank: int, seconds: float) -> None:
+        self.rank = rank
+        self.seconds = seconds
+        self._original: object = None
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        if trainer.rank != self.rank:
+            return
+        from kgpipe.checkpoint import CheckpointStore
+
+        original = CheckpointStore.write_file
+        seconds = self.seconds
+
+        def slow(store: CheckpointStore, *args: object, **kwargs: object) -> object:
+            time.sleep(seconds)
+            return original(store, *args, **kwargs)  # type: ignore[arg-type]
+
+        self._original = original
+        CheckpointStore.write_file = slow  # type: ignore[method-assign,assignment]
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        if self._original is not None:
+            from kgpipe.checkpoint import CheckpointStore
+
+            CheckpointStore.write_file = self._original  # type: ignore[method-assign,assignment]
+            self._original = None

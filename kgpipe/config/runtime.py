@@ -82,6 +82,15 @@ class DistributedConfig(Frozen):
     timeout_s: float = Field(
         default=300.0, gt=0.0, description="Collective/rendezvous timeout of the gang in seconds."
     )
+    commit_timeout_s: float = Field(
+        default=3600.0,
+        gt=0.0,
+        description=(
+            "Timeout in seconds of a sharded commit's collectives, where the ranks wait for the "
+            "slowest rank to write its shards and for rank 0 to verify every file and write the "
+            "manifest (timeout_s bounds every other collective)."
+        ),
+    )
     threads_per_worker: int | None = Field(
         default=None, ge=1, description="torch threads per worker (default: cores // workers)."
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -128,6 +129,7 @@ def build_trainer(
     state: TrainState | None = None,
     restarts: int | None = None,
     fence: Callable[[], None] | None = None,
+    commit_group: Any = None,
 ) -> BuiltTrainer:
     """The trainer of ``run`` to epoch ``until`` on ``train`` (this rank's training triples;
     default ``data.train``, which holds all of them wherever the trainer validates: the
@@ -137,7 +139,7 @@ def build_trainer(
     ``recorder`` reports each epoch (the metrics file, or rank 0's progress queue); ``training``
     replaces the config's section (a rank's share of the batch); ``restarts`` (a gang's) is
     recorded with every epoch; ``fence`` raises when commits must stop (a gang's driver is
-    gone)."""
+    gone); ``commit_group``: the process group of a sharded commit's collectives."""
     config = run.config
     sharded = exchange if isinstance(exchange, ShardedExchange) else None
     model = run.new_model(rows=sharded.own.cpu() if sharded else None).to(device)
@@ -182,6 +184,7 @@ def build_trainer(
                 every=config.checkpoint.every,
                 until=until,
                 meta=run.manifest_meta(world_size),
+                group=commit_group,
             )
         )
     elif records:

@@ -182,6 +182,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         )
         training = t
         exchange: Exchange
+        commit_group: Any = None
         if spec.world_size == 1:
             exchange = Exchange()  # a gang of one has nothing to exchange
             part, stream = (0, 1), 0
@@ -193,6 +194,10 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                 seed=config.run.seed,
             )
             exchange = ShardedExchange(comm, shard_map, spec.rank, staleness=dcfg.staleness)
+            # a commit waits for the slowest rank's shard files: its own group and timeout
+            commit_group = dist.new_group(
+                backend="gloo", timeout=dt.timedelta(seconds=dcfg.commit_timeout_s)
+            )
             part, stream = (spec.rank, spec.world_size), 0
         elif step_sync:
             exchange = StepExchange(comm, mode=dcfg.exchange)
@@ -232,6 +237,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             state=state,
             restarts=spec.restarts,
             fence=_driver_fence(spec.driver_pid),
+            commit_group=commit_group,
         )
         trainer = built.trainer
         del state  # copied into the tables and the optimiser: not a second copy while training

@@ -49,10 +49,14 @@ class ShardedCommit(Callback):
         every: int,
         until: int,
         meta: dict[str, Any],
+        group: Any = None,
     ) -> None:
         self.checkpoints = checkpoints
         self.state = state
         self.exchange = exchange
+        # the commit's own process group: its collectives wait for the slowest writer, under
+        # distributed.commit_timeout_s rather than the step's timeout (None: the default group)
+        self.group = group
         self.every = every
         self.until = until
         self.meta = meta
@@ -74,7 +78,7 @@ class ShardedCommit(Callback):
                 store.discard_uncommitted(state.epoch)
             except Exception as err:  # every rank stops with it
                 outcome[0] = [_describe(err)]
-        dist.broadcast_object_list(outcome, src=0)
+        dist.broadcast_object_list(outcome, src=0, group=self.group)
         _raise(outcome[0], f"rank 0 may not commit epoch {state.epoch}")
         name = f"shards-r{rank:04d}-{uuid.uuid4().hex[:12]}.safetensors"
         written: tuple[str, dict[str, Any] | None, tuple[str, str] | None]
@@ -88,7 +92,7 @@ class ShardedCommit(Callback):
         except Exception as err:
             written = (name, None, _describe(err))
         every: list[Any] = [None] * world
-        dist.all_gather_object(every, written)
+        dist.all_gather_object(every, written, group=self.group)
         errors = [(e[0], f"rank {r}: {e[1]}") for r, (_, _, e) in enumerate(every) if e]
         ckpt = None
         if rank == 0 and not errors:
@@ -107,7 +111,7 @@ class ShardedCommit(Callback):
                 kind, text = _describe(err)
                 errors.append((kind, f"rank 0: {text}"))
         outcome = [errors]
-        dist.broadcast_object_list(outcome, src=0)
+        dist.broadcast_object_list(outcome, src=0, group=self.group)
         _raise(outcome[0], f"the sharded checkpoint of epoch {state.epoch} was not committed")
         return ckpt
 
