@@ -126,8 +126,8 @@ class WeedProcess:
     def _probe_write(self) -> None:
         """One small object written and read back, with short timeouts: a server that answers
         but cannot store (its volume server holds no writable volume when the disk has less
-        than 1% of its size free) fails the session here in seconds, with the reason, instead of
-        every S3 test waiting out the client's retries."""
+        than 1% of its size free, or too little for one volume) fails the session here in under
+        a minute, with the reason, instead of every S3 test waiting out the client's retries."""
         import s3fs
 
         fs = s3fs.S3FileSystem(
@@ -136,27 +136,39 @@ class WeedProcess:
             config_kwargs={
                 "connect_timeout": 5,
                 "read_timeout": 5,
-                "retries": {"max_attempts": 1},
+                "retries": {"total_max_attempts": 1},
             },
         )
         fs.retries = 1  # s3fs's own retry loop on top of botocore's
-        deadline = time.monotonic() + 15
+        started = time.monotonic()
+        last: Exception | None = None
         while True:
             try:
                 fs.pipe("kgpipe/.probe", b"probe")
                 if fs.cat("kgpipe/.probe") == b"probe":
                     fs.rm("kgpipe/.probe")
                     return
-            except Exception:
-                pass
-            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+            except Exception as err:
+                last = err
+            waited = time.monotonic() - started
+            if self.proc is None or self.proc.poll() is not None or waited > 40:
                 disk = shutil.disk_usage(self.data)
+                gone = self.proc is None or self.proc.poll() is not None
                 self.stop()
-                raise RuntimeError(
-                    f"SeaweedFS started but stores nothing: {disk.free / 2**20:,.0f} MiB free of "
-                    f"{disk.total / 2**30:,.0f} GiB on the disk holding {self.data} (its volume "
-                    "server wants 1% of the disk free); see its log, weed.log, there"
+                tail = (self.data / "weed.log").read_text(errors="replace")[-1500:]
+                why = (
+                    "the process exited"
+                    if gone
+                    else f"{disk.free / 2**20:,.0f} MiB free of {disk.total / 2**30:,.0f} GiB "
+                    f"on the disk holding {self.data}, under the 1% its volume server wants"
+                    if disk.free < disk.total / 100
+                    else f"no write succeeded in {waited:.0f} s ({disk.free / 2**20:,.0f} MiB "
+                    f"free on the disk holding {self.data})"
                 )
+                raise RuntimeError(
+                    f"SeaweedFS started but stores nothing: {why}; last error: {last!r}; "
+                    f"the end of weed.log:\n{tail}"
+                ) from last
             time.sleep(0.5)
 
     def stop(self) -> None:

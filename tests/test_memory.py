@@ -129,5 +129,7 @@ def test_a_gang_over_its_memory_limit_is_refused_before_it_trains(tmp_path: Path
 
 def test_ids_past_int32_are_counted_as_int64() -> None:
     config = _config(model={"name": "transe", "dim": 10})
-    big = rank_memory(config, num_entities=2**31, num_relations=5, num_train=10, world=1)
+    edge = rank_memory(config, num_entities=2**31, num_relations=5, num_train=10, world=1)
+    assert edge.triples == 10 * (3 * 4 + 8)  # ids up to 2**31 - 1: int32
+    big = rank_memory(config, num_entities=2**31 + 1, num_relations=5, num_train=10, world=1)
     assert big.triples == 10 * (3 * 8 + 8)

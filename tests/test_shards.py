@@ -44,6 +44,21 @@ def test_ids_past_int32_come_back_as_int64(tmp_path: Path) -> None:
     assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, triples.tolist()))
 
 
+def test_a_late_shard_past_int32_widens_what_was_read_as_int32(tmp_path: Path) -> None:
+    """Shards read as int32 first, then one with an id past int32: the rows read so far are
+    widened and kept."""
+    triples = torch.tensor([[0, 1, 2], [3, 0, 4], [5, 1, 6], [7, 0, 2**35 + 3]])
+    store = _staged(tmp_path, triples, shards=4)  # one triple a shard
+    manifest = read_manifest(store)
+    shards = [read_shards(store, manifest, [i]) for i in range(4)]
+    big = next(i for i, t in enumerate(shards) if t.dtype == torch.int64)
+    order = [i for i in range(4) if i != big] + [big]
+    got = read_shards(store, manifest, order)
+    assert got.dtype == torch.int64
+    assert got.tolist() == [shards[i].tolist()[0] for i in order]
+    assert got[-1].tolist() == [7, 0, 2**35 + 3]
+
+
 def test_a_shard_of_another_size_than_its_manifest_says_is_a_clear_error(tmp_path: Path) -> None:
     store = _staged(tmp_path, torch.arange(30).reshape(10, 3), shards=2)
     manifest = read_manifest(store)

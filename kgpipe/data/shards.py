@@ -93,8 +93,8 @@ def read_shards(store: Store, manifest: ShardManifest, ids: list[int]) -> Tensor
     The triples come back as ``int32`` where every id fits (half the memory of the ``int64``
     the shards are stored in: every rank of a step-synchronised gang holds all of them), and
     as ``int64`` otherwise; :meth:`StepStrategy.batch` widens each batch. Each shard is copied
-    into one array as it is read, so the peak is the result and one shard, not twice the
-    result."""
+    into one array as it is read, so the peak is the result and one shard (its bytes and its
+    array), not twice the result."""
     if not ids:
         return torch.zeros(0, 3, dtype=torch.long)
     out = np.empty((sum(manifest.counts[i] for i in ids), 3), dtype=np.int32)

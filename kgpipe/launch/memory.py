@@ -110,7 +110,7 @@ def rank_memory(
         averaging = tables + 4 * (num_entities + relation_rows)
     step_sync = config.distributed.sync == "step" or world == 1
     validates = bool(config.evaluation.every)  # rank 0 does (any worker may hold rank 0)
-    ids = 4 if max(num_entities, relation_rows) <= 2**31 - 1 else 8  # read as int32 if they fit
+    ids = 4 if max(num_entities, num_relations) <= 2**31 else 8  # int32 if the ids fit
     if step_sync:
         triples = num_train * (3 * ids + 8)
     else:  # its shards, and every triple on rank 0 (and where it validates)
@@ -123,7 +123,9 @@ def rank_memory(
             step = 2 * step + 12 * num_entities
             if d.staleness:  # the cache: at most the rows of the last k steps, not its own
                 rows = min(d.staleness * batch * (t.negatives + 2), num_entities - held)
-                step += rows * (5 * m.dim + 32)  # its pool grows by a quarter at a time
+                # its pool grows a quarter at a time (both pools for a moment: covered by the
+                # bound on rows, which counts every id a step draws, not the distinct others')
+                step += rows * (5 * m.dim + 32)
     else:  # scores against every entity, and their gradient
         step = 4 * 2 * batch * num_entities
     return RankMemory(
