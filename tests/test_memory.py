@@ -27,11 +27,11 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     assert m.optimizer == 2 * tables  # Adam (the default): two moments per value
     assert m.checkpoint == 3 * tables  # the background writer's snapshot of both (streamed)
     assert m.averaging == 0  # step sync
-    assert m.triples == 101 * (3 * 4 + 8)  # step sync: all triples (3 int32 ids, an int64 order)
+    assert m.triples == 101 * (3 * 4 + 4)  # step sync: all triples (3 int32 ids, an int32 order)
     assert m.validation == 0  # evaluation.every: 0
     # a step: 2 x (1024 / 2 local batch) x (256 negatives + 2) x 10 floats (rows, gradients)
     assert m.step == 4 * 2 * 512 * 258 * 10
-    assert m.total == 6 * tables + 101 * 20 + m.step
+    assert m.total == 6 * tables + 101 * 16 + m.step
     synchronous = _config(model={"name": "transe", "dim": 10}, checkpoint={"background": False})
     assert (
         rank_memory(
@@ -58,7 +58,7 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     )  # fmt: skip
     m = rank_memory(validating, num_entities=1000, num_relations=5, num_train=101, world=2)
     # epoch sync: its 51 of 101 triples (ids, order), and all 101 ids on rank 0
-    assert m.triples == 51 * (3 * 4 + 8) + 101 * 3 * 4
+    assert m.triples == 51 * (3 * 4 + 4) + 101 * 3 * 4
     # the filter index (4 int64 a triple, twice while built) and a chunk's float scores and
     # booleans against its half of the entities (full ranking is split over the gang)
     assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 500
@@ -130,6 +130,6 @@ def test_a_gang_over_its_memory_limit_is_refused_before_it_trains(tmp_path: Path
 def test_ids_past_int32_are_counted_as_int64() -> None:
     config = _config(model={"name": "transe", "dim": 10})
     edge = rank_memory(config, num_entities=2**31, num_relations=5, num_train=10, world=1)
-    assert edge.triples == 10 * (3 * 4 + 8)  # ids up to 2**31 - 1: int32
+    assert edge.triples == 10 * (3 * 4 + 4)  # ids up to 2**31 - 1: int32
     big = rank_memory(config, num_entities=2**31 + 1, num_relations=5, num_train=10, world=1)
-    assert big.triples == 10 * (3 * 8 + 8)
+    assert big.triples == 10 * (3 * 8 + 4)

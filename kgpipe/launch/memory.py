@@ -12,7 +12,7 @@ the replicated strategy every rank holds:
   from the tensors to disk, so serialising holds no copy (it held three before);
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
 * the staged training triples (3 int32 ids each; int64 past 2**31 ids) and the epoch's
-  order: all of them under step sync (every rank draws the global batch), its shards under
+  order (one int32 each): all of them under step sync (every rank draws the global batch), its shards under
   epoch sync, plus all of them on rank 0 and where it validates (the filter needs every
   known triple);
 * where it validates (full ranking is split over every rank of a gang; a sampled validation
@@ -111,10 +111,11 @@ def rank_memory(
     step_sync = config.distributed.sync == "step" or world == 1
     validates = bool(config.evaluation.every)  # rank 0 does (any worker may hold rank 0)
     ids = 4 if max(num_entities, num_relations) <= 2**31 else 8  # int32 if the ids fit
+    order = 4 if num_train <= 2**31 else 8  # the epoch's permutation, int32 where it fits
     if step_sync:
-        triples = num_train * (3 * ids + 8)
+        triples = num_train * (3 * ids + order)
     else:  # its shards, and every triple on rank 0 (and where it validates)
-        triples = -(-num_train // max(1, world)) * (3 * ids + 8) + num_train * 3 * ids
+        triples = -(-num_train // max(1, world)) * (3 * ids + order) + num_train * 3 * ids
     t = config.training
     batch = -(-t.batch_size // max(1, world))
     if t.mode == "negative_sampling":

@@ -195,7 +195,9 @@ class Trainer:
         )
         gen = self.generator(epoch)
         n = self.strategy.examples()
-        perm = torch.randperm(n, generator=gen).to(self.device)
+        # int32 where it fits: the same permutation and generator state as int64, half the bytes
+        order = torch.int32 if n <= 2**31 else torch.int64
+        perm = torch.randperm(n, generator=gen, dtype=order).to(self.device)
         steps = self.steps_per_epoch
         bs = self.cfg.batch_size
         loss_total, queries_total = 0.0, 0

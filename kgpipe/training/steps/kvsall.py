@@ -78,7 +78,7 @@ class KvsAll(StepStrategy):
         return len(self.index)
 
     def batch(self, ids: Tensor) -> Tensor:
-        return ids  # a batch of query ids
+        return ids.long()  # a batch of query ids
 
     def triples_covered(self, examples: int) -> int:
         # an epoch over every query covers the training triples; a capped one is counted in
