@@ -52,7 +52,7 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     """A finished 3-trial search: its folder, exit status and what it printed."""
     tmp = tmp_path_factory.mktemp("tune")
-    code, err = _cli(_search(tmp, "s", "--trials", "3"))
+    code, err = _cli(_search(tmp, "s", "--trials", "3", "--keep-trials", "all"))
     return tmp / "studies" / "s", code, err
 
 
@@ -84,6 +84,10 @@ def test_a_search_prints_a_line_per_trial_and_the_summary(study: tuple[Path, int
     assert results["best"]["test"]["mrr"] > 0
     assert (folder / "best.yaml").read_text().startswith("# best trial ")
     assert len((folder / "trials.csv").read_text().strip().splitlines()) == 1 + 3
+    # --keep-trials all: every trial keeps its model and checkpoints
+    assert json.loads((folder / "study.json").read_text())["settings"]["keep_trials"] == "all"
+    for n in range(3):
+        assert (folder / "trials" / f"trial-{n:04d}" / "checkpoints").is_dir()
 
 
 @pytest.mark.slow
@@ -207,6 +211,9 @@ def test_the_options_of_a_new_study_are_refused_on_resume(
     code, _, err = run_cli(["tune", "--resume", "studies/x", "--pruner", "none"], capsys)
     assert code == 2
     assert "--pruner: for a new study (-c) only" in _one_error_line(err)
+    code, _, err = run_cli(["tune", "--resume", "studies/x", "--keep-trials", "all"], capsys)
+    assert code == 2
+    assert "--keep-trials: for a new study (-c) only" in _one_error_line(err)
 
 
 def test_resuming_a_folder_that_is_no_study_is_one_error_line(

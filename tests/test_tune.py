@@ -30,6 +30,7 @@ from kgpipe.tune import (
     prepare_study,
     run_and_summarize,
 )
+from kgpipe.tune.folder import TRIMMED
 from kgpipe.tune.space import check_space, trial_config
 from kgpipe.tune.study import load_optuna_study
 from kgpipe.tune.trial import TrialSpec, run_trial
@@ -368,6 +369,17 @@ def test_search_on_two_workers_tests_only_the_winner(tmp_path: Path) -> None:
     assert config.training.lr == pytest.approx(best.user_attrs["values"]["training.lr"])
     assert (folder.path / "trials.csv").read_text().count("\n") == 9
     assert folder.file("best.png").exists()
+    # keep_trials: best (the default): the winner keeps its run folder whole; every other
+    # finished trial keeps its config and metrics, not its model, checkpoints, embeddings, data
+    kept = folder.trial_path(best.number)
+    assert (kept / "checkpoints").is_dir() and (kept / "model.safetensors").is_file()
+    for t in trials:
+        run = folder.trial_path(t.number)
+        if t.number == best.number or not run.exists():
+            continue
+        assert [x for x in TRIMMED if (run / x).exists()] == [], t.number
+        if t.state.name == "COMPLETE":
+            assert (run / "metrics.jsonl").is_file() and (run / "config.yaml").is_file()
 
 
 def _wait_for(predicate, timeout: float) -> None:
@@ -615,14 +627,18 @@ def test_a_new_study_starts_with_the_base_config(tmp_path: Path) -> None:
     firsts = {}
     for on in (True, False):
         settings = TuneSettings(
-            root=str(tmp_path), name=f"s{on}", trials=2, workers=1, seed=0, base_trial=on
-        )
+            root=str(tmp_path), name=f"s{on}", trials=2, workers=1, seed=0, base_trial=on,
+            keep_trials="best" if on else "all",
+        )  # fmt: skip
         folder = prepare_study(base, SearchSpace.from_yaml(SPACE), settings)
         logs: list[str] = []
         run_study(folder, log=logs.append)
         trials = load_optuna_study(folder).get_trials()
         firsts[on] = trials[0]
         assert len(trials) == 2 and all(t.state.name == "COMPLETE" for t in trials)
+        # keep_trials: all keeps every trial whole; best trims the one that lost
+        whole = [(folder.trial_path(t.number) / "checkpoints").is_dir() for t in trials]
+        assert whole == [True, True] if not on else sorted(whole) == [False, True]
         assert ("trial 0 trains the base config" in logs) is on
     assert firsts[True].params == {"training.lr": 0.01, "model.dim": 16}
     assert firsts[True].user_attrs["base_config"] is True

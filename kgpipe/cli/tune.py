@@ -41,6 +41,7 @@ NEW_STUDY_ONLY = (
     ("storage", "--storage"),
     ("no_test", "--no-test"),
     ("no_base_trial", "--no-base-trial"),
+    ("keep_trials", "--keep-trials"),
 )
 
 
@@ -211,6 +212,13 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         default=None,
         help="do not start with a trial of the base config's own values (trial 0 by default)",
     )
+    new.add_argument(
+        "--keep-trials",
+        choices=("best", "all"),
+        default=None,
+        help="best (default): a finished trial other than the best so far keeps only its "
+        "config, metrics and report; all: every trial keeps its model and checkpoints",
+    )
     loud = t.add_mutually_exclusive_group()
     loud.add_argument(
         "-q", "--quiet", action="store_true", help="only the final summary (and warnings)"
@@ -247,6 +255,7 @@ def _settings(args: argparse.Namespace) -> TuneSettings:
         "storage": args.storage,
         "test_best": False if args.no_test else None,
         "base_trial": False if args.no_base_trial else None,
+        "keep_trials": args.keep_trials,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if args.timeout is not None and args.trials is None:

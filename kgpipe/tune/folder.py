@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,9 @@ from kgpipe.tune.space import SearchSpace
 __all__ = ["StudyFolder", "create_study_folder", "open_study_folder"]
 
 STUDY = "study.json"
+#: what a finished trial other than the best gives up under ``keep_trials: best`` (it keeps its
+#: config, metrics.jsonl, report and curve)
+TRIMMED = ("checkpoints", "model.safetensors", "embeddings", "data")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,29 @@ class StudyFolder:
     @property
     def trials_root(self) -> Path:
         return self.path / "trials"
+
+    def trial_path(self, number: int) -> Path:
+        """Trial ``number``'s run folder."""
+        return self.trials_root / f"trial-{number:04d}"
+
+    def trim_trials(self, finished: Iterable[int], *, keep: int | None) -> int:
+        """Remove what :data:`TRIMMED` names from the run folders of the ``finished`` trials
+        other than ``keep`` (the best so far); returns the bytes freed. Trials already trimmed
+        cost a few ``stat`` calls."""
+        freed = 0
+        for number in finished:
+            if number == keep:
+                continue
+            run = self.trial_path(number)
+            for name in TRIMMED:
+                path = run / name
+                if path.is_dir():
+                    freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                    shutil.rmtree(path, ignore_errors=True)
+                elif path.is_file():
+                    freed += path.stat().st_size
+                    path.unlink(missing_ok=True)
+        return freed
 
     def file(self, name: str) -> Path:
         return self.path / name

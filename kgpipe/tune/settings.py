@@ -103,6 +103,13 @@ class TuneSettings(Frozen):
         "space can draw), so the search measures where it started; a search that keeps that "
         "trial to the end (not pruned, not stopped) never reports a best below it.",
     )
+    keep_trials: Literal["best", "all"] = Field(
+        default="best",
+        description="What finished trials keep: `best` -- the best trial so far keeps its whole "
+        "run folder, the others their config, metrics and report only (their model, "
+        "checkpoints, embeddings and staged data are removed: a search of many trials on a "
+        "large graph would otherwise fill the disk); `all` -- every trial keeps everything.",
+    )
     trial_retries: int = Field(
         default=2,
         ge=0,

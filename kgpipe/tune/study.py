@@ -97,7 +97,10 @@ def trial_run_config(
         training = training.model_copy(update={"threads": threads})
     update: dict[str, Any] = {
         "run": config.run.model_copy(
-            update={"root": str(folder.trials_root.resolve()), "name": f"trial-{number:04d}"}
+            update={
+                "root": str(folder.trials_root.resolve()),
+                "name": folder.trial_path(number).name,
+            }
         ),
         "evaluation": config.evaluation.model_copy(update={"test": False}),
         "training": training,
@@ -159,6 +162,18 @@ def _tell(study: Any, run: _Running, outcome: TrialOutcome) -> None:
         study.tell(trial, state=TrialState.PRUNED, skip_if_finished=True)
     else:
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+
+
+def _trim(folder: StudyFolder, study: Any) -> None:
+    """Free the disk of the finished trials that are not the best so far (``keep_trials``)."""
+    from optuna.trial import TrialState
+
+    from kgpipe.tune.results import best_trial
+
+    best = best_trial(study)
+    done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    finished = [t.number for t in study.get_trials(deepcopy=False, states=done)]
+    folder.trim_trials(finished, keep=best[0].number if best else None)
 
 
 def _finished(study: Any) -> int:
@@ -295,6 +310,8 @@ def _search(
             tracker.trial(run.trial, run.spec.config, outcome)
         _tell(study, run, outcome)
         count(outcome)
+        if s.keep_trials == "best":
+            _trim(folder, study)
         shown = f"{outcome.value:.4f}" if outcome.value is not None else "-"
         say(
             f"trial {run.trial.number} {outcome.state}: valid MRR {shown} after {outcome.epochs} epochs"
