@@ -211,9 +211,6 @@ def test_the_options_of_a_new_study_are_refused_on_resume(
     code, _, err = run_cli(["tune", "--resume", "studies/x", "--pruner", "none"], capsys)
     assert code == 2
     assert "--pruner: for a new study (-c) only" in _one_error_line(err)
-    code, _, err = run_cli(["tune", "--resume", "studies/x", "--keep-trials", "all"], capsys)
-    assert code == 2
-    assert "--keep-trials: for a new study (-c) only" in _one_error_line(err)
 
 
 def test_resuming_a_folder_that_is_no_study_is_one_error_line(

@@ -321,26 +321,26 @@ def test_a_rank_reads_and_checks_only_the_files_it_needs(tmp_path: Path) -> None
 
 
 def test_a_slow_shard_writer_is_waited_for_under_the_commit_timeout(tmp_path: Path) -> None:
-    """Rank 1 takes 12 s to write each checkpoint file, past the gang's 6-s collective timeout:
+    """Rank 1 takes 25 s to write its checkpoint file, past the gang's 20-s collective timeout:
     the commit's collectives wait under `distributed.commit_timeout_s`, so the run finishes
-    with no relaunch (`max_restarts: 0`) and every epoch committed."""
+    with no relaunch (`max_restarts: 0`) and its epoch committed."""
     from rank_callbacks import SlowShardWrites
 
     config = _config(
         tmp_path,
         "slow",
         model={"name": "transe", "dim": 8},
-        training={**TRAINING, "epochs": 2},
+        training={**TRAINING, "epochs": 1},
         distributed={
             "workers": 2,
             "strategy": "sharded",
             "entity_shards": 4,
-            "timeout_s": 6,
+            "timeout_s": 20,
             "commit_timeout_s": 120,
         },
         fault_tolerance={"max_restarts": 0},
     )
-    train(config, rank_callbacks=[SlowShardWrites(rank=1, seconds=12)])
+    train(config, rank_callbacks=[SlowShardWrites(rank=1, seconds=25)])
     checkpoints = sorted(p.name for p in (tmp_path / "slow" / "checkpoints").iterdir())
-    assert checkpoints == ["epoch-000001", "epoch-000002"]
-    assert [m.get("restarts", 0) for m in _metrics(tmp_path, "slow")] == [0, 0]
+    assert checkpoints == ["epoch-000001"]
+    assert [m.get("restarts", 0) for m in _metrics(tmp_path, "slow")] == [0]

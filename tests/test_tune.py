@@ -21,6 +21,7 @@ import yaml
 
 from kgpipe.config.io import load_config, parse_config
 from kgpipe.errors import ConfigError, KgpipeError, RunError, SearchStopped
+from kgpipe.runs.read import evaluate_run
 from kgpipe.tune import (
     SearchSpace,
     TuneSettings,
@@ -378,8 +379,11 @@ def test_search_on_two_workers_tests_only_the_winner(tmp_path: Path) -> None:
         if t.number == best.number or not run.exists():
             continue
         assert [x for x in TRIMMED if (run / x).exists()] == [], t.number
+        assert (run / "trimmed.json").is_file()
         if t.state.name == "COMPLETE":
             assert (run / "metrics.jsonl").is_file() and (run / "config.yaml").is_file()
+            with pytest.raises(KgpipeError, match="a trial its search trimmed"):
+                evaluate_run(str(run), split="valid")
 
 
 def _wait_for(predicate, timeout: float) -> None:
@@ -644,6 +648,18 @@ def test_a_new_study_starts_with_the_base_config(tmp_path: Path) -> None:
     assert firsts[True].user_attrs["base_config"] is True
     assert firsts[False].params != firsts[True].params
     assert "base_config" not in firsts[False].user_attrs
+
+
+def test_a_study_from_before_keep_trials_keeps_every_trial(tmp_path: Path) -> None:
+    folder = prepare_study(
+        base_config(),
+        SearchSpace.from_yaml(SPACE),
+        TuneSettings(root=str(tmp_path), name="old", trials=1),
+    )
+    data = json.loads(folder.file("study.json").read_text())
+    assert data["settings"].pop("keep_trials") == "best"  # a new study's default
+    folder.file("study.json").write_text(json.dumps(data))
+    assert open_study_folder(folder.path).settings.keep_trials == "all"
 
 
 def test_a_shared_database_refuses_a_taken_study_name(tmp_path: Path) -> None:

@@ -41,7 +41,6 @@ NEW_STUDY_ONLY = (
     ("storage", "--storage"),
     ("no_test", "--no-test"),
     ("no_base_trial", "--no-base-trial"),
-    ("keep_trials", "--keep-trials"),
 )
 
 
@@ -296,6 +295,7 @@ def _resumed_study(args: argparse.Namespace) -> StudyFolder:
             trial_timeout_s=args.trial_timeout,
             cluster=args.cluster,
             threads_per_worker=args.threads_per_worker,
+            keep_trials=args.keep_trials,
         )
 
 

@@ -12,9 +12,9 @@ the replicated strategy every rank holds:
   from the tensors to disk, so serialising holds no copy (it held three before);
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
 * the staged training triples (3 int32 ids each; int64 past 2**31 ids) and the epoch's
-  order (one int32 each): all of them under step sync (every rank draws the global batch), its shards under
-  epoch sync, plus all of them on rank 0 and where it validates (the filter needs every
-  known triple);
+  order (one int32 each): all of them under step sync (every rank draws the global batch),
+  its shards under epoch sync, plus all of them on rank 0 and where it validates (the
+  filter needs every known triple);
 * where it validates (full ranking is split over every rank of a gang; a sampled validation
   runs on rank 0): the filter index, 4 int64 per known triple (twice that while it is built),
   and a chunk's scores against its candidates with a comparison's booleans (with per-query

@@ -167,6 +167,15 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     )
     try:
         step_sync, lead = dcfg.sync == "step", spec.rank == 0
+        # A sharded commit waits for the slowest rank's shard files: a group of its own, with
+        # its own timeout. Made here, where every rank has just met at the rendezvous and on a
+        # condition of the config alone: creating a group is itself a collective, which waits
+        # that long for a rank that failed before it.
+        commit_group: Any = None
+        if spec.world_size > 1 and step_sync and dcfg.strategy == "sharded":
+            commit_group = dist.new_group(
+                backend="gloo", timeout=dt.timedelta(seconds=dcfg.commit_timeout_s)
+            )
         # all training triples where the rank trains the global batch or validates (the filter)
         data = run.staged(train=step_sync or lead or splits_validation(config, spec.world_size))
         if step_sync:
@@ -182,7 +191,6 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         )
         training = t
         exchange: Exchange
-        commit_group: Any = None
         if spec.world_size == 1:
             exchange = Exchange()  # a gang of one has nothing to exchange
             part, stream = (0, 1), 0
@@ -194,10 +202,6 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                 seed=config.run.seed,
             )
             exchange = ShardedExchange(comm, shard_map, spec.rank, staleness=dcfg.staleness)
-            # a commit waits for the slowest rank's shard files: its own group and timeout
-            commit_group = dist.new_group(
-                backend="gloo", timeout=dt.timedelta(seconds=dcfg.commit_timeout_s)
-            )
             part, stream = (spec.rank, spec.world_size), 0
         elif step_sync:
             exchange = StepExchange(comm, mode=dcfg.exchange)

@@ -42,6 +42,7 @@ __all__ = [
     "METRICS",
     "RESULTS",
     "TEST_IDS",
+    "TRIMMED",
     "VALID_IDS",
     "VOCAB",
     "RunFolder",
@@ -63,6 +64,8 @@ RESULTS = "results.json"
 REPORT = "report.md"
 CURVES = "curves.png"
 EMBEDDINGS = "embeddings"
+#: left by a search in a trial's run folder whose model and checkpoints it removed
+TRIMMED = "trimmed.json"
 
 
 def retry_policy(config: RunConfig) -> RetryPolicy:

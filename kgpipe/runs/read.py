@@ -21,7 +21,7 @@ from kgpipe.export import load_model
 from kgpipe.model_file import map_checkpoint, map_stored
 from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.runs.finish import test_results
-from kgpipe.runs.folder import CONFIG, DATA, TEST_IDS, VALID_IDS, VOCAB, load_ids
+from kgpipe.runs.folder import CONFIG, DATA, TEST_IDS, TRIMMED, VALID_IDS, VOCAB, load_ids
 from kgpipe.storage import Store, check_reachable
 
 __all__ = [
@@ -83,6 +83,12 @@ def load_run(
     """Read a finished run: config, vocabulary and trained model -- the final one, or that of a
     committed checkpoint (see :data:`CheckpointChoice`)."""
     store, config = open_run(url, storage_options)
+    if store.exists(TRIMMED):
+        raise RunError(
+            f"{url}: a trial its search trimmed (keep_trials: best) -- it keeps its config, "
+            f"metrics and report, not its model; train it again: kgpipe train -c "
+            f"{store.url_of(CONFIG)}"
+        )
     vocab = Vocabulary.read(store.url_of(VOCAB), storage_options)
     sharded = config.distributed.strategy == "sharded"
     if checkpoint is None:  # a sharded run's table stays in its file (mapped), as it was trained

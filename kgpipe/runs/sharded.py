@@ -13,8 +13,9 @@ A commit (every ``checkpoint.every`` epochs and at the segment's end) is a colle
 
 The commit is synchronous (the files are written from the live tables between two steps): a
 background upload would have to copy the rows first, and the collectives cannot leave the
-training thread. The ranks wait for the slowest writer in a collective, so
-``distributed.timeout_s`` must exceed the time a rank takes to write and hash its shards.
+training thread. The ranks wait for the slowest writer in the commit's own process group,
+whose timeout is ``distributed.commit_timeout_s`` (the steps' collectives keep
+``distributed.timeout_s``).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 from kgpipe.config import RunConfig
 from kgpipe.config.io import parse_config
 from kgpipe.errors import ConfigError, RunError
+from kgpipe.runs.folder import TRIMMED as TRIMMED_MARKER
 from kgpipe.tune.settings import TuneSettings
 from kgpipe.tune.space import SearchSpace
 
@@ -58,24 +59,23 @@ class StudyFolder:
         """Trial ``number``'s run folder."""
         return self.trials_root / f"trial-{number:04d}"
 
-    def trim_trials(self, finished: Iterable[int], *, keep: int | None) -> int:
+    def trim_trials(self, finished: Iterable[int], *, keep: int | None) -> None:
         """Remove what :data:`TRIMMED` names from the run folders of the ``finished`` trials
-        other than ``keep`` (the best so far); returns the bytes freed. Trials already trimmed
-        cost a few ``stat`` calls."""
-        freed = 0
+        other than ``keep`` (the best so far), leaving ``trimmed.json`` in each (which the
+        commands that need the model report). Trials already trimmed cost a ``stat`` call."""
         for number in finished:
-            if number == keep:
-                continue
             run = self.trial_path(number)
+            if number == keep or not run.is_dir() or (run / TRIMMED_MARKER).exists():
+                continue
+            (run / TRIMMED_MARKER).write_text(
+                json.dumps({"trimmed_by": str(self.path), "keep_trials": "best"}) + "\n"
+            )
             for name in TRIMMED:
                 path = run / name
                 if path.is_dir():
-                    freed += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
                     shutil.rmtree(path, ignore_errors=True)
-                elif path.is_file():
-                    freed += path.stat().st_size
+                else:
                     path.unlink(missing_ok=True)
-        return freed
 
     def file(self, name: str) -> Path:
         return self.path / name
@@ -150,7 +150,8 @@ def open_study_folder(path: str | Path) -> StudyFolder:
         data = json.loads(source.read_text(encoding="utf-8"))
         base = parse_config(data["base"], source=str(source))
         space = SearchSpace.from_mapping(data["space"], source=f"{source} (space)")
-        settings = TuneSettings.model_validate(data["settings"])
+        # a study from before keep_trials kept every trial: it goes on doing so
+        settings = TuneSettings.model_validate({"keep_trials": "all", **data["settings"]})
     except (KeyError, ValueError) as err:
         raise ConfigError(f"{source}: unreadable study description: {err}") from None
     return StudyFolder(p, base, space, settings)

@@ -164,7 +164,7 @@ def _tell(study: Any, run: _Running, outcome: TrialOutcome) -> None:
         study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
 
 
-def _trim(folder: StudyFolder, study: Any) -> None:
+def _trim(folder: StudyFolder, study: Any, log: Log) -> None:
     """Free the disk of the finished trials that are not the best so far (``keep_trials``)."""
     from optuna.trial import TrialState
 
@@ -173,7 +173,10 @@ def _trim(folder: StudyFolder, study: Any) -> None:
     best = best_trial(study)
     done = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     finished = [t.number for t in study.get_trials(deepcopy=False, states=done)]
-    folder.trim_trials(finished, keep=best[0].number if best else None)
+    try:
+        folder.trim_trials(finished, keep=best[0].number if best else None)
+    except OSError as err:  # housekeeping: never the end of a search
+        log(f"could not trim the finished trials' run folders: {err}")
 
 
 def _finished(study: Any) -> int:
@@ -311,7 +314,7 @@ def _search(
         _tell(study, run, outcome)
         count(outcome)
         if s.keep_trials == "best":
-            _trim(folder, study)
+            _trim(folder, study, warn or say)
         shown = f"{outcome.value:.4f}" if outcome.value is not None else "-"
         say(
             f"trial {run.trial.number} {outcome.state}: valid MRR {shown} after {outcome.epochs} epochs"
