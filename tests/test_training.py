@@ -599,3 +599,14 @@ def test_the_view_error_survives_pickling() -> None:
 
     err = pickle.loads(pickle.dumps(NotInViewError("model")))
     assert isinstance(err, NotInViewError) and "trainer.model is not available" in str(err)
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 1000, 65_537, 272_115, 2_000_003])
+def test_an_int32_permutation_is_the_int64_one_and_leaves_the_generator_alike(n: int) -> None:
+    """The trainer draws each epoch's order as int32 (half the bytes): torch must give the same
+    permutation as int64 and consume the generator alike, or runs would change."""
+    g32, g64 = torch.Generator().manual_seed(n), torch.Generator().manual_seed(n)
+    p32 = torch.randperm(n, generator=g32, dtype=torch.int32)
+    p64 = torch.randperm(n, generator=g64)
+    assert p32.dtype == torch.int32 and torch.equal(p32.long(), p64)
+    assert torch.equal(torch.rand(5, generator=g32), torch.rand(5, generator=g64))

@@ -644,6 +644,11 @@ def test_a_new_study_starts_with_the_base_config(tmp_path: Path) -> None:
         whole = [(folder.trial_path(t.number) / "checkpoints").is_dir() for t in trials]
         assert whole == [True, True] if not on else sorted(whole) == [False, True]
         assert ("trial 0 trains the base config" in logs) is on
+    # the "all" study resumed with keep_trials: best trims its loser at once (budget spent)
+    resumed = open_study_folder(tmp_path / "sFalse").with_settings(keep_trials="best")
+    run_study(resumed)
+    whole = [(resumed.trial_path(n) / "checkpoints").is_dir() for n in (0, 1)]
+    assert sorted(whole) == [False, True]
     assert firsts[True].params == {"training.lr": 0.01, "model.dim": 16}
     assert firsts[True].user_attrs["base_config"] is True
     assert firsts[False].params != firsts[True].params

@@ -239,6 +239,8 @@ def _search(
     if orphans:
         say(f"continuing {len(orphans)} trial(s) the last run left unfinished")
     running: dict[Any, _Running] = {}
+    if s.keep_trials == "best":  # a resumed study given --keep-trials best trims at once
+        _trim(folder, study, warn or say)
     if not orphans and not _budget_left(study, s, deadline, 0):
         say("the study's budget is spent: nothing to run (give a larger --trials to go on)")
         return study
