@@ -118,3 +118,34 @@ def synth_graph(
          "0.001", "--exponent", str(exponent), "-q"],
         check=True,
     )  # fmt: skip
+
+
+def code_trees(before: str | None, root: Path) -> dict[str, str]:
+    """``{"before": PATH, "after": ROOT}`` (``after`` alone without ``before``): the code trees a
+    before/after benchmark runs, in the order each round runs them."""
+    trees = {"after": str(root)}
+    if before:
+        trees = {"before": str(Path(before).resolve()), **trees}
+    return trees
+
+
+def interleaved_rounds(
+    child: str, trees: dict[str, str], rounds: int, args: list[str], *, cwd: str
+) -> dict[str, list[dict[str, Any]]]:
+    """Run the Python source ``child`` (``sys.argv[1]``: the code tree to import kgpipe from,
+    then ``args``) in a fresh process per tree and round, rounds interleaved, with
+    ``PYTHONPATH`` cleared and in ``cwd`` (outside the checkout, whose ``kgpipe`` a ``-c``
+    process would import first); returns each tree's rows (the JSON of the child's last
+    line)."""
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    env = {**os.environ, "PYTHONPATH": ""}
+    for r in range(rounds):
+        for name, tree in trees.items():
+            res = subprocess.run(
+                [sys.executable, "-c", child, tree, *args],
+                capture_output=True, text=True, check=True, env=env, cwd=cwd,
+            )  # fmt: skip
+            row = json.loads(res.stdout.strip().splitlines()[-1])
+            runs[name].append(row)
+            print(r, name, json.dumps(row), flush=True)
+    return runs

@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import code_trees, commit, hardware, interleaved_rounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,25 +73,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=500)
     p.add_argument("--json", default=str(RESULTS / "row_cache.json"))
     args = p.parse_args()
-    trees = {"after": str(ROOT)}
-    if args.before:
-        trees = {"before": str(Path(args.before).resolve()), **trees}
     out: dict[str, Any] = {
         "hardware": hardware(),
         "commit": commit(),
         "command": " ".join(sys.argv),
-        "runs": {k: [] for k in trees},
     }
-    env = {**os.environ, "PYTHONPATH": ""}
-    for r in range(args.rounds):
-        for name, tree in trees.items():
-            res = subprocess.run(
-                [sys.executable, "-c", CHILD, tree, str(args.steps)],
-                capture_output=True, text=True, check=True, env=env, cwd="/",
-            )  # fmt: skip
-            row = json.loads(res.stdout.strip().splitlines()[-1])
-            out["runs"][name].append(row)
-            print(r, name, json.dumps(row), flush=True)
+    trees = code_trees(args.before, ROOT)
+    out["runs"] = interleaved_rounds(CHILD, trees, args.rounds, [str(args.steps)], cwd="/")
     out["median"] = {
         name: {
             k: {

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import code_trees, commit, hardware, interleaved_rounds
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,15 +67,12 @@ def main() -> None:
     from kgpipe.data.shards import stage_shards
     from kgpipe.storage import Store
 
-    trees = {"after": str(ROOT)}
-    if args.before:
-        trees = {"before": str(Path(args.before).resolve()), **trees}
+    trees = code_trees(args.before, ROOT)
     out: dict[str, Any] = {
         "hardware": hardware(),
         "commit": commit(),
         "command": " ".join(sys.argv),
         "triples": args.triples,
-        "runs": {k: [] for k in trees},
     }
     with tempfile.TemporaryDirectory() as tmp:
         gen = torch.Generator().manual_seed(0)
@@ -85,16 +80,7 @@ def main() -> None:
         train[:, 1] %= 200
         stage_shards(train, Store(tmp), num_shards=args.shards, seed=0)
         del train
-        env = {**os.environ, "PYTHONPATH": ""}
-        for r in range(args.rounds):
-            for name, tree in trees.items():
-                res = subprocess.run(
-                    [sys.executable, "-c", CHILD, tree, tmp],
-                    capture_output=True, text=True, check=True, env=env, cwd=tmp,
-                )  # fmt: skip
-                row = json.loads(res.stdout.strip().splitlines()[-1])
-                out["runs"][name].append(row)
-                print(r, name, json.dumps(row), flush=True)
+        out["runs"] = interleaved_rounds(CHILD, trees, args.rounds, [tmp], cwd=tmp)
     out["median"] = {
         name: {
             k: statistics.median(row[k] for row in rows)

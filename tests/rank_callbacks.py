@@ -59,10 +59,6 @@ class RecordModel(Callback):
         Path(self.folder, f"model-{trainer.rank}").write_text(f"{trainer.rank}:{rows}x{width}")
 
 
-# ship the classes themselves with pickled callbacks: worker processes need not import this module
-cloudpickle.register_pickle_by_value(__import__(__name__))
-
-
 class SlowShardWrites(Callback):
     """On rank ``rank``, every checkpoint file write first sleeps ``seconds`` (a slow object
     store): patched into the rank's process at the start, restored at the end."""
@@ -93,3 +89,7 @@ class SlowShardWrites(Callback):
 
             CheckpointStore.write_file = self._original  # type: ignore[method-assign,assignment]
             self._original = None
+
+
+# ship the classes themselves with pickled callbacks: worker processes need not import this module
+cloudpickle.register_pickle_by_value(__import__(__name__))

@@ -3,6 +3,7 @@ shard by shard, and a clear error for a shard that is not what the manifest says
 
 from __future__ import annotations
 
+import hashlib
 import io
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def test_a_shard_of_another_size_than_its_manifest_says_is_a_clear_error(tmp_pat
         manifest.seed,
         manifest.files,
         manifest.counts,
-        (manifest.sha256[0], __import__("hashlib").sha256(buf.getvalue()).hexdigest()),
+        (manifest.sha256[0], hashlib.sha256(buf.getvalue()).hexdigest()),
     )
     store.write_bytes(manifest.files[1], buf.getvalue())
     with pytest.raises(
