@@ -69,6 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.data.reading",
             "kgpipe.data.dataset",
             "kgpipe.data.shards",
+            "kgpipe.data.shared_triples",
         ),
     ),
     (

@@ -91,6 +91,14 @@ class DistributedConfig(Frozen):
             "manifest (timeout_s bounds every other collective)."
         ),
     )
+    share_triples: bool = Field(
+        default=True,
+        description=(
+            "Ranks of a step-synchronised gang that share a machine map one copy of the "
+            "training triples from a file in its temp folder (TMPDIR/kgpipe-triples, removed "
+            "when the last rank is done) instead of each holding its own. false: a copy each."
+        ),
+    )
     threads_per_worker: int | None = Field(
         default=None, ge=1, description="torch threads per worker (default: cores // workers)."
     )

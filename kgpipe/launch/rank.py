@@ -22,6 +22,7 @@ from distributed import get_worker
 from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import parse_config
 from kgpipe.data.shards import read_manifest, read_shards
+from kgpipe.data.shared_triples import SharedTriples, open_shared
 from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.distributed.sharded import ShardedExchange, ShardMap
@@ -165,6 +166,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         world_size=spec.world_size,
         timeout=dt.timedelta(seconds=dcfg.timeout_s),
     )
+    shared: SharedTriples | None = None
     try:
         step_sync, lead = dcfg.sync == "step", spec.rank == 0
         # A sharded commit waits for the slowest rank's shard files: a group of its own, with
@@ -176,8 +178,15 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             commit_group = dist.new_group(
                 backend="gloo", timeout=dt.timedelta(seconds=dcfg.commit_timeout_s)
             )
-        # all training triples where the rank trains the global batch or validates (the filter)
-        data = run.staged(train=step_sync or lead or splits_validation(config, spec.world_size))
+        # all training triples where the rank trains the global batch or validates (the filter);
+        # ranks of a step-synchronised gang map the machine's one copy
+        if step_sync and spec.world_size > 1 and dcfg.share_triples:
+            wide = max(run.num_entities, run.num_relations) > torch.iinfo(torch.int32).max
+            shared = open_shared(store, read_manifest(store), wide=wide)
+        data = run.staged(
+            train=step_sync or lead or splits_validation(config, spec.world_size),
+            triples=shared.tensor if shared is not None else None,
+        )
         if step_sync:
             own = data.train
         else:  # epoch sync: the rank's own shards
@@ -252,4 +261,6 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
                 built.saver.close()
         return {"rank": spec.rank, "epoch": trainer.epoch, "global_step": trainer.global_step}
     finally:
+        if shared is not None:
+            shared.close()
         dist.destroy_process_group()

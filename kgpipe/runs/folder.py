@@ -177,10 +177,13 @@ class RunFolder:
             "model": self.config.model.name,
         }
 
-    def staged(self, *, train: bool = True) -> StagedData:
-        """The staged triples (``train=False``: only valid and test, an empty train)."""
+    def staged(self, *, train: bool = True, triples: Tensor | None = None) -> StagedData:
+        """The staged triples (``train=False``: only valid and test, an empty train;
+        ``triples``: the training triples, already read, such as the machine's shared copy)."""
         store = self.store
-        if train:
+        if triples is not None:
+            train_all = triples
+        elif train:
             manifest = read_manifest(store)
             train_all = read_shards(store, manifest, list(range(manifest.num_shards)))
         else:
