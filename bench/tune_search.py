@@ -159,7 +159,8 @@ def pruning(args: argparse.Namespace) -> dict[str, Any]:
                     workers=2,
                     seed=args.seed,
                     pruner=name,
-                    startup_trials=max(5, args.trials // 5),  # the same random start-up
+                    # the same random start-up
+                    startup_trials=args.startup or max(5, args.trials // 5),
                     **extra,
                 )
                 row[pruner] = {
@@ -277,6 +278,14 @@ def main() -> None:
         type=int,
         default=2,
         help="a pruned search runs this many times --trials trials",
+    )
+    p.add_argument(
+        "--startup",
+        type=int,
+        default=None,
+        help="random start-up trials of every search (default: max(5, trials // 5)); "
+        "--startup N --pruned-factor 1 with N = --trials makes both searches random searches "
+        "of the same configs, so that they differ only by the pruner",
     )
     p.add_argument("--out", default=None, help="result file name under bench/results")
     p.add_argument("--partial", default=None, help="pruning: write each graph's results here too")

@@ -552,6 +552,41 @@ def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path:
     assert open_study_folder(folder.path).settings.trials == 4  # the refused one saved nothing
 
 
+def test_the_winner_is_tested_under_the_study_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A concurrent search of the study (a `tune --resume`) is refused while the winner is
+    tested: its trimming would remove the winner's checkpoints under the test."""
+    import kgpipe.runs.read as read
+    from kgpipe.runs.lease import RunLease
+    from kgpipe.storage import Store
+    from kgpipe.tune.results import summarize
+
+    settings = TuneSettings(root=str(tmp_path), name="s", trials=2, workers=1, seed=0)
+    folder = prepare_study(
+        base_config(training={"epochs": 2}), SearchSpace.from_yaml(SPACE), settings
+    )
+    other = RunLease(Store(str(folder.path.resolve())), ttl_s=60, holder="a resumed search")
+    seen: list[str] = []
+    real = read.evaluate_run
+
+    def evaluate(*args: Any, **kwargs: Any) -> Any:
+        try:
+            with other:
+                seen.append("the study was free")
+        except KgpipeError as err:
+            seen.append(str(err))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(read, "evaluate_run", evaluate)
+    results = run_and_summarize(folder)
+    assert len(seen) == 1 and "a search of study s" in seen[0], seen
+    assert "mrr" in results["best"]["test"]
+    # the Prefect flow summarizes in a task of its own: it takes the lease itself
+    with other, pytest.raises(KgpipeError, match="a resumed search"):
+        summarize(open_study_folder(folder.path), load_optuna_study(folder), seconds=0.0)
+
+
 def test_the_base_config_is_expressed_in_the_space_where_it_can_be() -> None:
     space = SearchSpace.from_yaml(
         """

@@ -19,7 +19,7 @@ from kgpipe.tune.folder import StudyFolder, create_study_folder, open_study_fold
 from kgpipe.tune.results import summarize
 from kgpipe.tune.settings import TuneSettings, check_budget, check_storage, parse_duration
 from kgpipe.tune.space import SearchSpace, check_space
-from kgpipe.tune.study import StudyEvent, run_study
+from kgpipe.tune.study import StudyEvent, search_held
 
 __all__ = [
     "SearchSpace",
@@ -77,12 +77,14 @@ def run_and_summarize(
     ``log`` gets what the search does, ``warn`` what goes wrong without stopping it (a
     tracking server that does not answer); both default to ``log``."""
     t0 = time.perf_counter()
-    study = run_study(folder, on_event=on_event, log=log, warn=warn)
-    return summarize(
-        folder,
-        study,
-        seconds=time.perf_counter() - t0,
-        test=folder.settings.test_best,
-        log=log,
-        warn=warn,
-    )
+    with folder.lease():  # held until the winner is tested: no other search trims it
+        study = search_held(folder, on_event=on_event, log=log, warn=warn)
+        return summarize(
+            folder,
+            study,
+            seconds=time.perf_counter() - t0,
+            test=folder.settings.test_best,
+            log=log,
+            warn=warn,
+            lease=False,
+        )

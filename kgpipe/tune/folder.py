@@ -77,6 +77,18 @@ class StudyFolder:
                 else:
                     path.unlink(missing_ok=True)
 
+    def lease(self) -> Any:
+        """The study's lease (use with ``with``): held by a search, and by the testing of its
+        winner, which a concurrent search's trimming would otherwise remove."""
+        from kgpipe.runs.lease import RunLease
+        from kgpipe.storage import Store
+
+        return RunLease(
+            Store(str(self.path.resolve())),
+            ttl_s=self.base.fault_tolerance.lease_ttl_s,
+            holder=f"a search of study {self.name} (kgpipe.tune)",
+        )
+
     def file(self, name: str) -> Path:
         return self.path / name
 

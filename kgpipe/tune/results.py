@@ -202,9 +202,28 @@ def summarize(
     test: bool = True,
     log: Log | None = None,
     warn: Log | None = None,
+    lease: bool = True,
 ) -> dict[str, Any]:
     """Write ``trials.csv``, ``best.yaml``, the plots, and ``results.json`` (with the best
-    trial's test metrics when ``test``: only the winner is ever tested); returns the latter."""
+    trial's test metrics when ``test``: only the winner is ever tested); returns the latter.
+    Holds the study's lease while it does (``lease=False``: the caller holds it), so that a
+    concurrent search of the study cannot trim the winner under its test; a study another
+    search holds is refused (:class:`~kgpipe.errors.RunError` naming that search)."""
+    if not lease:
+        return _summarize(folder, study, seconds=seconds, test=test, log=log, warn=warn)
+    with folder.lease():
+        return _summarize(folder, study, seconds=seconds, test=test, log=log, warn=warn)
+
+
+def _summarize(
+    folder: StudyFolder,
+    study: Any,
+    *,
+    seconds: float,
+    test: bool,
+    log: Log | None,
+    warn: Log | None,
+) -> dict[str, Any]:
     from kgpipe.runs.read import evaluate_run
 
     say = log or (lambda _m: None)

@@ -26,7 +26,13 @@ from kgpipe.tune.space import describe_values, trial_config
 from kgpipe.tune.track import StudyTracker
 from kgpipe.tune.trial import TrialOutcome, TrialSpec, run_trial
 
-__all__ = ["StudyEvent", "load_optuna_study", "run_study", "trial_run_config"]
+__all__ = [
+    "StudyEvent",
+    "load_optuna_study",
+    "run_study",
+    "search_held",
+    "trial_run_config",
+]
 
 Log = Callable[[str], None]
 
@@ -207,17 +213,20 @@ def run_study(
     """Run the search of ``folder`` until its budget is spent; returns the Optuna study. One
     search per study at a time: a second is refused (the study folder's lease), as a second
     writer of a run folder is."""
-    from kgpipe.runs.lease import RunLease
-    from kgpipe.storage import Store
+    with folder.lease():
+        return search_held(folder, on_event=on_event, log=log, warn=warn)
 
-    lease = RunLease(
-        Store(str(folder.path.resolve())),
-        ttl_s=folder.base.fault_tolerance.lease_ttl_s,
-        holder=f"a search of study {folder.name} (kgpipe.tune)",
-    )
-    with lease:
-        folder.save_settings()  # a resume's new budget, now that this search holds the study
-        return _search(folder, on_event=on_event, log=log, warn=warn)
+
+def search_held(
+    folder: StudyFolder,
+    *,
+    on_event: Callable[[StudyEvent], None] | None = None,
+    log: Log | None = None,
+    warn: Log | None = None,
+) -> Any:
+    """:func:`run_study` for a caller that holds the study's lease (:meth:`StudyFolder.lease`)."""
+    folder.save_settings()  # a resume's new budget, now that this search holds the study
+    return _search(folder, on_event=on_event, log=log, warn=warn)
 
 
 def _search(
