@@ -52,7 +52,9 @@ def _cli(argv: list[str]) -> tuple[int, str]:
 def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int, str]:
     """A finished 3-trial search: its folder, exit status and what it printed."""
     tmp = tmp_path_factory.mktemp("tune")
-    code, err = _cli(_search(tmp, "s", "--trials", "3", "--keep-trials", "all"))
+    code, err = _cli(
+        _search(tmp, "s", "--trials", "3", "--keep-trials", "all", "--prune-warmup", "0")
+    )
     return tmp / "studies" / "s", code, err
 
 
@@ -85,7 +87,8 @@ def test_a_search_prints_a_line_per_trial_and_the_summary(study: tuple[Path, int
     assert (folder / "best.yaml").read_text().startswith("# best trial ")
     assert len((folder / "trials.csv").read_text().strip().splitlines()) == 1 + 3
     # --keep-trials all: every trial keeps its model and checkpoints
-    assert json.loads((folder / "study.json").read_text())["settings"]["keep_trials"] == "all"
+    settings = json.loads((folder / "study.json").read_text())["settings"]
+    assert (settings["keep_trials"], settings["prune_warmup"]) == ("all", 0)
     for n in range(3):
         assert (folder / "trials" / f"trial-{n:04d}" / "checkpoints").is_dir()
 
@@ -211,6 +214,9 @@ def test_the_options_of_a_new_study_are_refused_on_resume(
     code, _, err = run_cli(["tune", "--resume", "studies/x", "--pruner", "none"], capsys)
     assert code == 2
     assert "--pruner: for a new study (-c) only" in _one_error_line(err)
+    code, _, err = run_cli(["tune", "--resume", "studies/x", "--prune-warmup", "0"], capsys)
+    assert code == 2
+    assert "--prune-warmup: for a new study (-c) only" in _one_error_line(err)
 
 
 def test_resuming_a_folder_that_is_no_study_is_one_error_line(

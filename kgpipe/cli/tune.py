@@ -15,9 +15,12 @@ from rich.markup import escape
 from kgpipe.cli.arguments import non_negative_int, positive_int, storage_errors, url
 from kgpipe.cli.tune_progress import (
     TuneProgress,
+    finished_trials,
     header_text,
     print_summary,
     short_names,
+    study_so_far,
+    study_spent,
     trials_text,
 )
 from kgpipe.errors import ConfigError, SearchStopped
@@ -37,6 +40,7 @@ NEW_STUDY_ONLY = (
     ("name", "--name"),
     ("root", "--root"),
     ("pruner", "--pruner"),
+    ("prune_warmup", "--prune-warmup"),
     ("seed", "--seed"),
     ("storage", "--storage"),
     ("no_test", "--no-test"),
@@ -192,6 +196,12 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         help="stop poor trials at a validation: the median rule (default), asynchronous "
         "successive halving (asha), Hyperband or never",
     )
+    new.add_argument(
+        "--prune-warmup",
+        type=non_negative_int,
+        metavar="N",
+        help="validations a trial completes before the median rule may stop it (default: 1)",
+    )
     new.add_argument("--seed", type=seed, metavar="N", help="seed of the sampler (default: 0)")
     new.add_argument(
         "--storage",
@@ -214,7 +224,6 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     new.add_argument(
         "--keep-trials",
         choices=("best", "all"),
-        default=None,
         help="best (default): a finished trial other than the best so far keeps only its "
         "config, metrics and report; all: every trial keeps its model and checkpoints",
     )
@@ -250,6 +259,7 @@ def _settings(args: argparse.Namespace) -> TuneSettings:
         "name": args.name,
         "root": args.root,
         "pruner": args.pruner,
+        "prune_warmup": args.prune_warmup,
         "seed": args.seed,
         "storage": args.storage,
         "test_best": False if args.no_test else None,
@@ -299,41 +309,9 @@ def _resumed_study(args: argparse.Namespace) -> StudyFolder:
         )
 
 
-def _so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | None]:
-    """The trials of a study by state, and its best (valid MRR, trial)."""
-    from kgpipe.tune.results import best_trial
-    from kgpipe.tune.settings import check_storage
-    from kgpipe.tune.study import load_optuna_study
-
-    check_storage(folder.storage)  # one line when it cannot be opened
-    study = load_optuna_study(folder)
-    states: dict[str, int] = {}
-    for t in study.get_trials(deepcopy=False):
-        state = str(t.state.name).lower()
-        states[state] = states.get(state, 0) + 1
-    found = best_trial(study)
-    best = None if found is None else (found[1], int(found[0].number))
-    return states, best
-
-
 def _resume_hint(folder: StudyFolder) -> str:
     again = f"kgpipe tune --resume {shlex.quote(str(folder.path))}"
     return f"the study is kept: continue it with `{again}` (its running trials are continued)"
-
-
-def _finished(states: dict[str, int]) -> int:
-    return sum(n for state, n in states.items() if state in ("complete", "pruned", "fail"))
-
-
-def _spent(folder: StudyFolder, states: dict[str, int]) -> bool:
-    """Whether a resumed study has nothing left to run and its findings are written."""
-    trials = folder.settings.trials
-    return (
-        trials is not None
-        and _finished(states) >= trials
-        and not states.get("running")
-        and folder.file("results.json").exists()
-    )
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -342,12 +320,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     resumed = args.resume is not None
     folder = _resumed_study(args) if resumed else _new_study(args)
-    states, best = _so_far(folder) if resumed else (None, None)
-    if states is not None and _spent(folder, states):
+    states, best = study_so_far(folder) if resumed else (None, None)
+    if states is not None and study_spent(folder, states):
         if not args.quiet:
             console.print(
                 escape(
-                    f"study {folder.path} has its {trials_text(_finished(states))}: nothing to run "
+                    f"study {folder.path} has its {trials_text(finished_trials(states))}: nothing to run "
                     "(raise its budget with --trials)"
                 ),
                 highlight=False,
@@ -368,7 +346,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             keys=folder.space.keys(),
             trials=folder.settings.trials,
             timeout_s=folder.settings.timeout_s,
-            finished=_finished(states or {}),
+            finished=finished_trials(states or {}),
             best=best,
         )
         progress.start()

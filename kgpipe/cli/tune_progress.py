@@ -30,10 +30,13 @@ if TYPE_CHECKING:
 __all__ = [
     "TuneProgress",
     "clock",
+    "finished_trials",
     "header_text",
     "print_summary",
     "short_names",
     "states_text",
+    "study_so_far",
+    "study_spent",
     "trials_text",
     "value_text",
 ]
@@ -248,3 +251,35 @@ def print_summary(console: Console, folder: StudyFolder, results: dict[str, Any]
         )
     config = str(best.get("config") or folder.file("best.yaml"))
     say(f"train it: kgpipe train -c {shlex.quote(config)}")
+
+
+def study_so_far(folder: StudyFolder) -> tuple[dict[str, int], tuple[float, int] | None]:
+    """The trials of a study by state, and its best (valid MRR, trial)."""
+    from kgpipe.tune.results import best_trial
+    from kgpipe.tune.settings import check_storage
+    from kgpipe.tune.study import load_optuna_study
+
+    check_storage(folder.storage)  # one line when it cannot be opened
+    study = load_optuna_study(folder)
+    states: dict[str, int] = {}
+    for t in study.get_trials(deepcopy=False):
+        state = str(t.state.name).lower()
+        states[state] = states.get(state, 0) + 1
+    found = best_trial(study)
+    best = None if found is None else (found[1], int(found[0].number))
+    return states, best
+
+
+def finished_trials(states: dict[str, int]) -> int:
+    return sum(n for state, n in states.items() if state in ("complete", "pruned", "fail"))
+
+
+def study_spent(folder: StudyFolder, states: dict[str, int]) -> bool:
+    """Whether a resumed study has nothing left to run and its findings are written."""
+    trials = folder.settings.trials
+    return (
+        trials is not None
+        and finished_trials(states) >= trials
+        and not states.get("running")
+        and folder.file("results.json").exists()
+    )
