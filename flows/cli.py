@@ -136,7 +136,8 @@ def run(
     # input stops with a plain message, before Prefect logs a task failure and before an
     # existing run folder would be replaced
     with run_lease(config, holder=f"kgpipe train (pid {os.getpid()})") as lease:
-        config = preflight(config, overwrite=overwrite, resume=resume)
+        # the graph it parses is kept for the flow's staging, in this process
+        config = preflight(config, overwrite=overwrite, resume=resume, keep=True)
         check_tracking(config.tracking)  # a tracking server that does not answer: one line
         local_prefect_defaults()
         quiet_prefect_console(verbose)

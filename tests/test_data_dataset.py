@@ -141,6 +141,30 @@ def test_vocabulary_read_missing(tmp_path: Path) -> None:
 # duplicates and unseen
 
 
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+@pytest.mark.parametrize("part", [1 << 22, 7, 64])
+def test_deduplication_in_parts_keeps_every_first_occurrence(
+    monkeypatch: pytest.MonkeyPatch, part: int, dtype: str
+) -> None:
+    """Rows are deduplicated a part of the heads at a time (parts of 7 and 64 rows here): the
+    first occurrences are those of one sort over every row, whatever the parts."""
+    import numpy as np
+
+    import kgpipe.data.dataset as dataset
+
+    monkeypatch.setattr(dataset, "_DEDUP_PART", part)
+    rng = np.random.default_rng(0)
+    rows = np.stack(
+        [rng.integers(0, 40, 3_000), rng.integers(0, 3, 3_000), rng.integers(0, 40, 3_000)], 1
+    ).astype(dtype)
+    first = dataset._first_occurrences(rows, 40, 3)
+    seen: dict[tuple[int, ...], int] = {}
+    for i, row in enumerate(map(tuple, rows.tolist())):
+        seen.setdefault(row, i)
+    assert first.tolist() == sorted(seen.values())
+    assert len(first) < 3_000  # the draw repeats rows
+
+
 def test_duplicates_removed_and_counted(tmp_path: Path) -> None:
     train = write(tmp_path / "train.tsv", ["a\tr\tb", "b\tr\tc", "a\tr\tb", "c\tr\ta", "b\tr\tc"])
     valid = write(tmp_path / "valid.tsv", ["a\tr\tc", "a\tr\tc", "a\tr\tc"])

@@ -36,6 +36,22 @@ def test_shards_come_back_as_int32_with_the_same_triples(tmp_path: Path) -> None
     assert read_shards(store, manifest, []).shape == (0, 3)
 
 
+def test_shards_are_the_seeded_shuffle_of_the_whole_array_to_the_byte(tmp_path: Path) -> None:
+    """Each shard is gathered when it is written (not cut from a shuffled copy of the whole
+    array) and holds the same bytes as the shuffle of the whole array, int32 input included."""
+    gen = torch.Generator().manual_seed(1)
+    triples = torch.randint(0, 9_000, (10_001, 3), generator=gen)
+    whole = triples[torch.randperm(10_001, generator=torch.Generator().manual_seed(5))].numpy()
+    want = []
+    for part in np.array_split(whole.astype(np.int64), 3):
+        buf = io.BytesIO()
+        np.save(buf, np.ascontiguousarray(part), allow_pickle=False)
+        want.append(hashlib.sha256(buf.getvalue()).hexdigest())
+    for name, held in (("int64", triples), ("int32", triples.to(torch.int32))):
+        manifest = read_manifest(_staged(tmp_path / name, held))
+        assert list(manifest.sha256) == want, name
+
+
 def test_ids_past_int32_come_back_as_int64(tmp_path: Path) -> None:
     triples = torch.tensor([[0, 1, 2], [3, 0, 2**31 + 7], [5, 1, 6], [2**40, 0, 1]])
     store = _staged(tmp_path, triples, shards=2)

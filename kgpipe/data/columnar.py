@@ -3,8 +3,8 @@
 The line parser (:mod:`kgpipe.data.formats`) holds the whole file's text and a Python string for
 every field of every line: about 250 bytes per triple, 25 GB for 100M edges. This reader takes the
 same files as blocks of ``data.block_size`` bytes through pyarrow's streaming CSV reader (parsed
-on pyarrow's threads) and holds, beyond one block, only the distinct labels and the ``int64``
-ids:
+on pyarrow's threads) and holds, beyond one block, only the distinct labels and the ids
+(``int32`` where they fit):
 
 1. **Scan** each file once: its rows, its distinct entity and relation labels (``unique`` per
    block, merged as they grow), the SHA-256 of its (decompressed) bytes and its first row (for
@@ -336,8 +336,9 @@ def columnar_ids(
     relations: pa.Array,
     retry: RetryPolicy | None = None,
 ) -> np.ndarray:
-    """The file's triples as ``[rows, 3]`` int64 ids (positions in ``entities``/``relations``),
-    in file order, duplicates included."""
+    """The file's triples as ``[rows, 3]`` ids (positions in ``entities``/``relations``), in
+    file order, duplicates included: ``int32`` where both label counts fit it (half the memory
+    of ``int64``, which the ids are widened to once duplicates are gone), else ``int64``."""
     url = scan.url
 
     # index_in hashes the whole label set on every call: map at least that many rows per call
@@ -345,7 +346,8 @@ def columnar_ids(
     at_once = max(len(entities), 1 << 20)
 
     def ids() -> np.ndarray:
-        out = np.empty((scan.rows, 3), dtype=np.int64)
+        fits = max(len(entities), len(relations)) <= np.iinfo(np.int32).max
+        out = np.empty((scan.rows, 3), dtype=np.int32 if fits else np.int64)
         pos = 0
         skip = scan.header
         pending: list[tuple[pa.Array, pa.Array, pa.Array]] = []

@@ -133,19 +133,52 @@ def _header_note(rep: SplitReport) -> str:
     return ""
 
 
+#: rows per part of the deduplication (its temporaries are a few times a part's keys)
+_DEDUP_PART = 1 << 22
+
+
 def _first_occurrences(rows: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
-    """Sorted indices of the first occurrence of every distinct row of an ``[n, 3]`` array."""
+    """Sorted indices of the first occurrence of every distinct row of an ``[n, 3]`` array.
+
+    Duplicates share their head, so the rows are deduplicated a part at a time, parts being the
+    heads modulo the number of parts: the sort's temporaries are those of one part (~4M rows),
+    not of all rows. Each part keeps the first of equal keys (a stable sort), and a part's
+    indices ascend, so what it keeps is the first occurrence in the whole array."""
+    n = len(rows)
+    if n == 0:
+        return np.arange(0, dtype=np.int64)
+    if num_entities * num_entities * max(num_relations, 1) >= 2**62:
+        _, first = np.unique(rows, axis=0, return_index=True)
+        first.sort()
+        return first
+    parts = max(1, -(-n // _DEDUP_PART))
+    if parts == 1:
+        return _firsts(rows, num_entities, num_relations)
+    part = np.empty(n, dtype=np.int16 if parts < 2**15 else np.int32)
+    for at in range(0, n, _DEDUP_PART):  # no temporary of n wide integers
+        np.remainder(
+            rows[at : at + _DEDUP_PART, 0], parts, out=part[at : at + _DEDUP_PART], casting="unsafe"
+        )
+    keep = np.zeros(n, dtype=bool)
+    for p in range(parts):
+        index = np.flatnonzero(part == p)
+        keep[index[_firsts(rows[index], num_entities, num_relations)]] = True
+        del index
+    del part
+    return np.flatnonzero(keep)
+
+
+def _firsts(rows: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
+    """:func:`_first_occurrences` of rows whose ids fit one ``int64`` key."""
     if len(rows) == 0:
         return np.arange(0, dtype=np.int64)
-    if num_entities * num_entities * max(num_relations, 1) < 2**62:
-        keys = rows[:, 0] * num_relations  # in place from here: one array of n keys
-        keys += rows[:, 1]
-        keys *= num_entities
-        keys += rows[:, 2]
-        _, first = np.unique(keys, return_index=True)
-        del keys
-    else:
-        _, first = np.unique(rows, axis=0, return_index=True)
+    keys = rows[:, 0].astype(np.int64)  # one array of n keys, in place from here
+    keys *= num_relations
+    keys += rows[:, 1]
+    keys *= num_entities
+    keys += rows[:, 2]
+    _, first = np.unique(keys, return_index=True)
+    del keys
     first.sort()
     return first
 

@@ -58,7 +58,7 @@ def sources(cfg: DataConfig) -> list[Source]:
 class Parsed:
     """Every split as ids in file order (duplicates included), with what the report needs."""
 
-    rows: dict[str, np.ndarray]  # [n, 3] int64
+    rows: dict[str, np.ndarray]  # [n, 3] int64, or int32 from the columnar reader
     lines: dict[str, int]  # triples read (+ literal statements dropped)
     literals_dropped: dict[str, int]
     digests: dict[str, str]

@@ -41,11 +41,18 @@ class ShardManifest:
 
 
 def stage_shards(train: Tensor, store: Store, *, num_shards: int, seed: int) -> ShardManifest:
-    """Shuffle ``train`` with ``seed`` and write ``num_shards`` ``.npy`` shards plus a manifest."""
+    """Shuffle ``train`` with ``seed`` and write ``num_shards`` ``int64`` ``.npy`` shards plus a
+    manifest. Each shard's rows are gathered from ``train`` when it is written: the peak is
+    ``train``, the permutation and one shard, not a shuffled copy of ``train``."""
     gen = torch.Generator().manual_seed(seed)
-    shuffled = train[torch.randperm(train.shape[0], generator=gen)].numpy().astype(np.int64)
+    n = int(train.shape[0])
+    # the int32 permutation is the int64 one (pinned by tests/test_training.py), at half the size
+    small = n <= torch.iinfo(torch.int32).max
+    perm = torch.randperm(n, generator=gen, dtype=torch.int32 if small else torch.int64).numpy()
+    rows = train.numpy()
     files, counts, sums = [], [], []
-    for i, part in enumerate(np.array_split(shuffled, num_shards)):
+    for i, index in enumerate(np.array_split(perm, num_shards)):
+        part = rows[index].astype(np.int64, copy=False)
         buf = io.BytesIO()
         np.save(buf, np.ascontiguousarray(part), allow_pickle=False)
         data = buf.getvalue()
@@ -54,9 +61,7 @@ def stage_shards(train: Tensor, store: Store, *, num_shards: int, seed: int) -> 
         files.append(name)
         counts.append(int(part.shape[0]))
         sums.append(hashlib.sha256(data).hexdigest())
-    manifest = ShardManifest(
-        num_shards, int(train.shape[0]), seed, tuple(files), tuple(counts), tuple(sums)
-    )
+    manifest = ShardManifest(num_shards, n, seed, tuple(files), tuple(counts), tuple(sums))
     store.write_json(
         MANIFEST,
         {

@@ -30,6 +30,7 @@ from kgpipe.runs.folder import (
     save_ids,
 )
 from kgpipe.runs.lease import RunLease
+from kgpipe.runs.parsed import file_versions, keep_parsed, take_parsed
 from kgpipe.runs.resume import check_resumable
 from kgpipe.runs.warmstart import commit_warm_start
 from kgpipe.storage import check_reachable
@@ -70,11 +71,15 @@ def run_lease(config: RunConfig, *, holder: str) -> RunLease:
     return RunLease(store, ttl_s=config.fault_tolerance.lease_ttl_s, holder=holder)
 
 
-def preflight(config: RunConfig, *, overwrite: bool = False, resume: bool = False) -> RunConfig:
+def preflight(
+    config: RunConfig, *, overwrite: bool = False, resume: bool = False, keep: bool = False
+) -> RunConfig:
     """Check, before anything runs, that ``config`` may start: an existing run folder needs
     ``resume`` (then its config must allow it) or ``overwrite``, and a new run's input must
     read and parse. Writes nothing; returns the config with its run name set (and, resuming,
-    the run's epoch target: :mod:`kgpipe.runs.resume`)."""
+    the run's epoch target: :mod:`kgpipe.runs.resume`). ``keep``: the parsed graph is kept for
+    the :func:`prepare_run` that follows in this process, which then does not read the files
+    again unless they changed (:mod:`kgpipe.runs.parsed`)."""
     config = config.with_run_name()
     store = run_store(config)
     exists = store.exists(CONFIG)
@@ -82,7 +87,10 @@ def preflight(config: RunConfig, *, overwrite: bool = False, resume: bool = Fals
         return check_resumable(store, config).config
     if exists and not overwrite:
         raise run_exists_error(store.url)
-    load_dataset(config.data, retry=retry_policy(config))
+    versions = file_versions(config.data) if keep else None
+    dataset = load_dataset(config.data, retry=retry_policy(config))
+    if keep:
+        keep_parsed(config.data, versions, dataset)
     return config
 
 
@@ -136,7 +144,8 @@ def prepare_run(
         say(f"{store.url}: staging had not finished; staging again")
     elif exists and not overwrite:
         raise run_exists_error(store.url)
-    dataset = load_dataset(config.data, retry=retry_policy(config))  # input errors: before writes
+    # input errors: before writes; a pre-flight check in this process may have parsed it
+    dataset = take_parsed(config.data) or load_dataset(config.data, retry=retry_policy(config))
     say(dataset.summary())
     if SCHEDULES.get(config.training.schedule).follows_validation and dataset.valid.numel() == 0:
         raise ConfigError(

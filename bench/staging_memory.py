@@ -1,0 +1,103 @@
+"""Staging's peak memory and time, code before against after: reading the splits into ids
+(``load_dataset``: the columnar reader, deduplication) and writing the shuffled training shards
+(``stage_shards``), as a run's staging does, in a fresh process per code tree and round.
+
+Generates a synthetic TSV graph once (``kgpipe synth``, kept in ``--graph``), then reports per
+tree: the seconds of each phase, the lines read per second, the process's peak resident set
+(``VmHWM``) after reading and at the end, and a digest of the shards written (the trees must
+write the same bytes).
+
+    git worktree add /tmp/kgpipe-before REV
+    .venv/bin/python bench/staging_memory.py --edges 10000000 --entities 2000000 \\
+        --before /tmp/kgpipe-before --rounds 2
+Results: bench/results/staging_memory_<edges>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import code_trees, commit, hardware, interleaved_rounds, synth_graph
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import hashlib, json, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+def status(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+from kgpipe.config import DataConfig
+from kgpipe.data.dataset import load_dataset
+from kgpipe.data.shards import stage_shards
+from kgpipe.storage import Store
+graph = sys.argv[2]
+start = status("VmRSS")
+cfg = DataConfig(train=graph + "/train.tsv", valid=graph + "/valid.tsv",
+                 test=graph + "/test.tsv", header=False)
+t0 = time.perf_counter()
+data = load_dataset(cfg)
+read_s = time.perf_counter() - t0
+read_peak = status("VmHWM")
+lines = sum(r.lines for r in data.reports.values())
+with tempfile.TemporaryDirectory(dir=sys.argv[3]) as tmp:
+    t0 = time.perf_counter()
+    manifest = stage_shards(data.train, Store(tmp), num_shards=16, seed=0)
+    stage_s = time.perf_counter() - t0
+digest = hashlib.sha256("".join(manifest.sha256).encode()).hexdigest()
+print(json.dumps({"read_seconds": read_s, "stage_seconds": stage_s, "lines": lines,
+                  "lines_per_s": lines / read_s, "start_rss": start,
+                  "read_peak": read_peak, "peak": status("VmHWM"),
+                  "train_triples": int(data.train.shape[0]), "entities": data.num_entities,
+                  "fingerprint": data.fingerprint, "shards_digest": digest}))
+"""
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--edges", type=int, default=10_000_000)
+    p.add_argument("--entities", type=int, default=2_000_000)
+    p.add_argument("--relations", type=int, default=100)
+    p.add_argument("--before", help="a checkout of the code before")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--graph", default=None, help="keep the graph here (reused when it exists)")
+    p.add_argument("--json")
+    args = p.parse_args()
+    graph = Path(args.graph or f"/tmp/kgpipe-staging-{args.edges}")
+    synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
+    trees = code_trees(args.before, ROOT)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp], cwd=tmp)
+    keys = ("read_seconds", "stage_seconds", "lines_per_s", "read_peak", "peak")
+    out: dict[str, Any] = {
+        "hardware": hardware(),
+        "commit": commit(),
+        "command": " ".join(sys.argv),
+        "graph_bytes": sum(f.stat().st_size for f in graph.glob("*.tsv")),
+        "same_result": len({(r["fingerprint"], r["shards_digest"]) for rs in runs.values()
+                            for r in rs}) == 1,
+        "median": {name: {k: statistics.median(r[k] for r in rows) for k in keys}
+                   for name, rows in runs.items()},
+        "runs": runs,
+    }  # fmt: skip
+    print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
+    path = Path(args.json or RESULTS / f"staging_memory_{args.edges}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

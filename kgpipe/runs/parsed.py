@@ -1,0 +1,74 @@
+"""The graph a pre-flight check parsed, kept for the staging that follows it in this process.
+
+``kgpipe train`` checks the input before Prefect starts (:func:`~kgpipe.runs.stage.preflight`:
+every input error is one line, before a task fails) and the flow then stages it
+(:func:`~kgpipe.runs.stage.prepare_run`): the same files parsed twice, which on a graph of 100M
+lines is minutes and a second peak of the reader's memory. A pre-flight check asked to keep
+its result leaves it here; the staging takes it (once) when its data config is the same and
+every input file still has the size and version (modification time, or the object store's
+``LastModified``/``ETag``) it had before the check read it; otherwise the files are read again.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from fsspec.core import url_to_fs
+
+from kgpipe.config import DataConfig
+from kgpipe.data.dataset import TripleDataset
+from kgpipe.data.reading import sources
+
+__all__ = ["file_versions", "keep_parsed", "take_parsed"]
+
+_VERSION_KEYS = ("mtime", "LastModified", "ETag", "last_modified", "etag")
+
+
+@dataclass(frozen=True)
+class _Kept:
+    key: str
+    versions: tuple[tuple[str, Any, str], ...]
+    dataset: TripleDataset
+
+
+_kept: _Kept | None = None
+_lock = threading.Lock()
+
+
+def file_versions(data: DataConfig) -> tuple[tuple[str, Any, str], ...] | None:
+    """``(url, size, version)`` of every input file, or None when one cannot be told (then
+    nothing is reused)."""
+    out = []
+    for src in sources(data):
+        try:
+            fs, path = url_to_fs(src.url, **(src.storage_options or {}))
+            info = fs.info(path)
+        except (OSError, ValueError, ImportError):
+            return None
+        version = next((info[k] for k in _VERSION_KEYS if info.get(k) is not None), None)
+        if version is None:
+            return None
+        out.append((src.url, info.get("size"), str(version)))
+    return tuple(out)
+
+
+def keep_parsed(
+    data: DataConfig, versions: tuple[tuple[str, Any, str], ...] | None, dataset: TripleDataset
+) -> None:
+    """Keep ``dataset`` (parsed from ``data`` whose files had ``versions`` before the read)."""
+    global _kept
+    with _lock:
+        _kept = _Kept(data.model_dump_json(), versions, dataset) if versions else None
+
+
+def take_parsed(data: DataConfig) -> TripleDataset | None:
+    """The kept dataset of ``data`` when its files have not changed since (it is no longer
+    kept either way)."""
+    global _kept
+    with _lock:
+        kept, _kept = _kept, None
+    if kept is None or kept.key != data.model_dump_json():
+        return None
+    return kept.dataset if file_versions(data) == kept.versions else None
