@@ -19,6 +19,7 @@ from typing import Any
 from flows.server import TiedPrefectServer
 from kgpipe.config import RunConfig
 from kgpipe.runs.folder import RESULTS, run_store
+from kgpipe.runs.parsed import forget_parsed
 from kgpipe.runs.stage import preflight, run_lease
 from kgpipe.tracking import check_tracking
 from kgpipe.training.hooks import Callback
@@ -151,8 +152,13 @@ def run(
 
         flow = build_train_flow(callbacks)
         # with verbose, Prefect's console prints kgpipe's lines itself: no echo as well
-        with _echo(None if verbose else log):
-            summary = flow(config, resume=not overwrite, overwrite=overwrite, lease=lease.handle)
+        try:
+            with _echo(None if verbose else log):
+                summary = flow(
+                    config, resume=not overwrite, overwrite=overwrite, lease=lease.handle
+                )
+        finally:
+            forget_parsed()  # a flow that failed before its staging: not kept past it
     store = run_store(config)
     results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None
     return str(summary["run"]), results

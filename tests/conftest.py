@@ -49,6 +49,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _weed_ports(count: int) -> list[int]:
+    """``count`` free ports for SeaweedFS, whose services also use their port + 10000 (gRPC):
+    both free and below 65536, and no port one of the others' derived ports (`weed mini`
+    refuses such a port: "reserved for gRPC calculation")."""
+    taken: set[int] = set()
+    out: list[int] = []
+    while len(out) < count:
+        port = _free_port()
+        if port + 10000 > 65535 or {port, port + 10000} & taken:
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 10000))
+        except OSError:
+            continue
+        out.append(port)
+        taken |= {port, port + 10000}
+    return out
+
+
 @dataclass
 class S3Server:
     endpoint: str
@@ -86,8 +106,8 @@ class WeedProcess:
                 }
             )
         )
-        self.port = _free_port()
-        self.ports = {k: _free_port() for k in ("master", "volume", "filer", "admin")}
+        self.port, *others = _weed_ports(5)
+        self.ports = dict(zip(("master", "volume", "filer", "admin"), others, strict=True))
         self.server = S3Server(f"http://127.0.0.1:{self.port}", S3_KEY, S3_SECRET)
         self.proc: subprocess.Popen | None = None
         os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")

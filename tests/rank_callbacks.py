@@ -92,4 +92,18 @@ class SlowShardWrites(Callback):
 
 
 # ship the classes themselves with pickled callbacks: worker processes need not import this module
+class SeesSharedTriples(Callback):
+    """At the start of training, each rank writes the names of the shared triples files in its
+    machine's folder to ``folder/shared-<rank>`` (whether the gang mapped one copy)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        from kgpipe.data.shared_triples import shared_folder
+
+        names = sorted(p.name for p in shared_folder().glob("*.npy"))
+        Path(self.folder, f"shared-{trainer.rank}").write_text("\n".join(names))
+
+
 cloudpickle.register_pickle_by_value(__import__(__name__))

@@ -217,6 +217,11 @@ def test_the_options_of_a_new_study_are_refused_on_resume(
     code, _, err = run_cli(["tune", "--resume", "studies/x", "--prune-warmup", "0"], capsys)
     assert code == 2
     assert "--prune-warmup: for a new study (-c) only" in _one_error_line(err)
+    code, _, err = run_cli(
+        ["tune", "-c", "x.yaml", "--pruner", "asha", "--prune-warmup", "0"], capsys
+    )
+    assert code == 2
+    assert "--prune-warmup: for the median rule" in _one_error_line(err)
 
 
 def test_resuming_a_folder_that_is_no_study_is_one_error_line(

@@ -165,6 +165,32 @@ def test_deduplication_in_parts_keeps_every_first_occurrence(
     assert len(first) < 3_000  # the draw repeats rows
 
 
+def test_deduplication_widens_int32_ids_before_it_forms_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With 2^20 entities and 4,096 relations a row's key is h * 2^32 + r * 2^20 + t: formed in
+    int32 it would wrap to the same key for rows that differ only in the head, and one of them
+    would be dropped as a duplicate."""
+    import numpy as np
+
+    import kgpipe.data.dataset as dataset
+
+    monkeypatch.setattr(dataset, "_DEDUP_PART", 500)
+    rng = np.random.default_rng(1)
+    n = 4_000  # 8 parts: heads 5 and 13 share one
+    rows = np.stack(
+        [rng.integers(0, 1 << 20, n), rng.integers(0, 4_096, n), rng.integers(0, 1 << 20, n)], 1
+    ).astype(np.int32)
+    rows[n // 2 :] = rows[: n // 2]  # every row twice
+    rows[10], rows[20] = (5, 3, 9), (13, 3, 9)
+    first = dataset._first_occurrences(rows, 1 << 20, 4_096)
+    seen: dict[tuple[int, ...], int] = {}
+    for i, row in enumerate(map(tuple, rows.tolist())):
+        seen.setdefault(row, i)
+    assert first.tolist() == sorted(seen.values())
+    assert 10 in first and 20 in first
+
+
 def test_duplicates_removed_and_counted(tmp_path: Path) -> None:
     train = write(tmp_path / "train.tsv", ["a\tr\tb", "b\tr\tc", "a\tr\tb", "c\tr\ta", "b\tr\tc"])
     valid = write(tmp_path / "valid.tsv", ["a\tr\tc", "a\tr\tc", "a\tr\tc"])

@@ -33,7 +33,10 @@ def _triples(n: int = 5_000, high: int = 40_000, seed: int = 0) -> torch.Tensor:
 
 
 def _entries(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+    """What the folder holds besides its lock file (which stays)."""
+    if not folder.exists():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != ".lock")
 
 
 def test_ranks_map_one_file_equal_to_their_own_copy_and_the_last_removes_it(
@@ -110,13 +113,7 @@ def test_the_next_writer_removes_what_dead_ranks_left_and_keeps_what_a_live_one_
     assert left is not None and kept is not None
     left._use.close()  # type: ignore[union-attr]  # its rank died: the lock goes, the files stay
     left._use = None
-    dead = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    stray = folder / f"{'0' * 32}.npy.tmp-{int(dead.stdout)}"
+    stray = folder / f"{'0' * 32}.npy.tmp"  # a writer that died mid-write (writers hold .lock)
     stray.write_bytes(b"half")
     assert left.data.exists()
     new = _store(tmp_path, _triples(seed=3), "new")
@@ -157,13 +154,19 @@ def test_ranks_in_processes_of_their_own_map_one_copy(tmp_path: Path) -> None:
         )
         for _ in range(3)
     ]
-    seen = [c.stdout.readline().split() for c in children]  # type: ignore[union-attr]
-    assert len({ino for ino, _ in seen}) == 1  # one file, mapped by all three
-    assert {int(total) for _, total in seen} == {int(triples.sum())}
-    assert len([p for p in _entries(folder) if p.endswith(".npy")]) == 1
-    go.touch()
-    for c in children:
-        assert c.wait(timeout=60) == 0
+    try:
+        seen = [c.stdout.readline().split() for c in children]  # type: ignore[union-attr]
+        assert len({ino for ino, _ in seen}) == 1  # one file, mapped by all three
+        assert {int(total) for _, total in seen} == {int(triples.sum())}
+        assert len([p for p in _entries(folder) if p.endswith(".npy")]) == 1
+    finally:
+        go.touch()
+        for c in children:
+            try:
+                c.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                c.kill()
+    assert [c.returncode for c in children] == [0, 0, 0]
     assert _entries(folder) == []
 
 
@@ -181,13 +184,18 @@ def _gang(tmp_path: Path, name: str, share: bool) -> dict[str, Any]:
 def test_a_gang_trains_the_same_model_on_the_shared_copy_and_leaves_nothing(
     tmp_path: Path,
 ) -> None:
+    from rank_callbacks import SeesSharedTriples
     from safetensors.torch import load_file
 
     for name, share in (("shared", True), ("own", False)):
-        train(parse_config(_gang(tmp_path, name, share)))
+        seen = tmp_path / f"seen-{name}"
+        seen.mkdir()
+        train(parse_config(_gang(tmp_path, name, share)), rank_callbacks=[SeesSharedTriples(seen)])
     a, b = (load_file(tmp_path / n / "model.safetensors") for n in ("shared", "own"))
     for key in a:
         assert torch.equal(a[key], b[key]), key
     store = Store(str(tmp_path / "shared"))
     key = shared_triples._key(read_manifest(store), False)
-    assert not any(shared_triples.shared_folder().glob(f"{key}.*"))
+    for rank in (0, 1):  # both ranks mapped the one file while they trained
+        assert f"{key}.npy" in (tmp_path / "seen-shared" / f"shared-{rank}").read_text().split()
+    assert not any(shared_triples.shared_folder().glob(f"{key}.*"))  # and left nothing

@@ -280,6 +280,8 @@ def _new_study(args: argparse.Namespace) -> StudyFolder:
     from kgpipe.config import load_config
     from kgpipe.tune import prepare_study
 
+    if args.prune_warmup is not None and (args.pruner or "median") != "median":
+        raise ConfigError("--prune-warmup: for the median rule (--pruner median) only")
     base = load_config(args.config, args.set or [])
     space = _read_space(args.space) if args.space is not None else None
     settings = _settings(args)  # prepare_study opens a --storage database first (one line)

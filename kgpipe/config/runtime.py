@@ -95,7 +95,7 @@ class DistributedConfig(Frozen):
         default=True,
         description=(
             "Ranks of a step-synchronised gang that share a machine map one copy of the "
-            "training triples from a file in its temp folder (TMPDIR/kgpipe-triples, removed "
+            "training triples from a file in its temp folder (TMPDIR/kgpipe-triples-UID, removed "
             "when the last rank is done) instead of each holding its own. false: a copy each."
         ),
     )

@@ -5,27 +5,30 @@ training triples (12 bytes a triple as ``int32``). Ranks on one machine (the wor
 LocalCluster, the GPUs of one host) would hold one copy each. :func:`open_shared` instead has
 the first of them write the triples once, checksum-verified shard by shard as
 :func:`~kgpipe.data.shards.read_shards` reads them, into a file in the machine's temp folder
-(``TMPDIR``, folder ``kgpipe-triples``), and every rank maps that file copy-on-write: its pages
-are the page cache's, held once for the machine however many ranks read them (and, being a
-file's, dropped under memory pressure and read again, where private copies would need swap).
+(``$TMPDIR/kgpipe-triples-<uid>``, the user's own, mode 0700), and every rank maps that file
+copy-on-write: its pages are the page cache's, held once for the machine however many ranks
+read them (and, being a file's, dropped under memory pressure and read again, where private
+copies would need swap).
 
-The file is named by a digest of the shard manifest (the shards' checksums), so a run on the
-same staged data reuses it and a run on other data never does. Two ``flock`` files beside it
-guard it: ``.build``, held exclusively for a moment by whoever writes, maps or removes the file,
-and ``.use``, held shared by every rank that maps it, for as long as it trains:
+The file is named by a digest of the shard manifest (the shards' checksums): ranks that train
+on the same staged data at the same time share it, and a run on other data never takes it.
+Locks (``flock``):
 
-- opening takes ``.build``, then ``.use`` shared, writes the file if it is not there (to a
-  temporary name, then renamed: a file under the final name is complete), maps it, and lets
-  ``.build`` go;
-- closing lets ``.use`` go, takes ``.build``, and then ``.use`` exclusively without waiting:
-  granted, no rank of any run maps the file any more, and it is removed with its lock files.
-  A rank that dies releases its locks with its process; what it leaves behind is removed by the
-  next rank on that machine that writes a file, which removes every entry nobody uses (and the
-  temporary files of writers that are gone).
+- ``.lock``, one for the folder, never removed: held exclusively by a rank while it maps the
+  file, writes it (the whole write: to a temporary name, then renamed, so a file under its
+  final name is complete), or removes what nobody uses;
+- ``<key>.use``, held shared by every rank that maps ``<key>.npy``, for as long as it trains;
+  opened, locked and removed only under ``.lock``.
 
-A race between a closing rank and an opening one can at worst leave two copies for a while,
-never a wrong or half-written one. Dask's ``memory_limit`` counts a worker's resident pages,
-mapped file pages included, so it still sees one copy per worker; the machine holds one.
+Closing lets ``.use`` go, then (under ``.lock``) takes it exclusively without waiting: granted,
+no rank maps the file any more, and both go. A rank that dies releases its locks with its
+process; every opening removes the files nobody holds (and, since writers hold ``.lock``, any
+temporary file it finds is a dead writer's). Where the folder cannot be used (not writable,
+``flock`` unsupported, too little free space, a write that fails) the rank reads a copy of its
+own, as ``distributed.share_triples: false`` does, and logs why.
+
+Dask's ``memory_limit`` counts a worker's resident pages, mapped file pages included, so it
+still sees one copy per worker; the machine holds one.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import io
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -60,8 +64,8 @@ _SPARE = 256 << 20  # left free on the temp folder's disk besides the file
 
 
 def shared_folder() -> Path:
-    """Where the machine's shared triples live: ``$TMPDIR/kgpipe-triples``."""
-    return Path(tempfile.gettempdir()) / "kgpipe-triples"
+    """Where this user's shared triples live: ``$TMPDIR/kgpipe-triples-<uid>``."""
+    return Path(tempfile.gettempdir()) / f"kgpipe-triples-{os.getuid()}"
 
 
 def _key(manifest: ShardManifest, wide: bool) -> str:
@@ -88,96 +92,94 @@ class SharedTriples:
             return
         try:
             fcntl.flock(use, fcntl.LOCK_UN)
-            with _locked(self.data.with_suffix(".build")):
+            with _folder_locked(self.data.parent):
                 _remove_unused(use, self.data)
+        except OSError as err:  # housekeeping: the next opening sweeps what is left
+            log.info("shared triples: could not remove %s: %s", self.data, err)
         finally:
             use.close()
 
 
 @contextlib.contextmanager
-def _locked(path: Path, *, wait: bool = True) -> Iterator[bool]:
-    """``path`` held exclusively (created if missing); without ``wait``: whether it was."""
-    with open(path, "ab") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True  # released when the file closes
+def _folder_locked(folder: Path) -> Iterator[None]:
+    with open(folder / ".lock", "ab") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # released when the file closes
+
+
+def _own_folder(folder: Path) -> None:
+    """Create ``folder`` (mode 0700) or check that it is this user's own, not a link."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise PermissionError(f"{folder} is not a folder of this user's")
+    if info.st_mode & 0o077:
+        os.chmod(folder, 0o700)
 
 
 def _remove_unused(use: IO[bytes], data: Path) -> bool:
-    """Remove ``data`` and its lock files when nobody holds ``use`` (its ``.use`` file, opened;
-    the caller holds ``.build``)."""
+    """Remove ``data`` and its ``.use`` file when nobody holds ``use`` (the caller holds the
+    folder's lock)."""
     try:
         fcntl.flock(use, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
-    for suffix in (".npy", ".use", ".build"):
+    for path in (data, data.with_suffix(".use")):
         with contextlib.suppress(FileNotFoundError):
-            data.with_suffix(suffix).unlink()
-    return True
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
+            path.unlink()
     return True
 
 
 def _sweep(folder: Path, keep: str) -> None:
-    """Remove the entries of ``folder`` that no rank uses: data files whose locks nobody holds,
-    and temporary files whose writer is gone."""
-    for use_path in folder.glob("*.use"):
-        if use_path.stem == keep:
+    """Remove what nobody uses (the caller holds the folder's lock): data files whose ``.use``
+    nobody holds, and temporary files (their writers held the lock: they are gone)."""
+    for data in folder.glob("*.npy"):
+        if data.stem == keep:
             continue
-        try:
-            with _locked(use_path.with_suffix(".build"), wait=False) as mine:
-                if mine:
-                    with open(use_path, "rb") as use:
-                        _remove_unused(use, use_path.with_suffix(".npy"))
-        except OSError:
+        with open(data.with_suffix(".use"), "ab") as use:
+            _remove_unused(use, data)
+    for path in [*folder.glob("*.npy.tmp"), *folder.glob("*.use")]:
+        if path.suffix == ".use" and (path.stem == keep or path.with_suffix(".npy").exists()):
             continue
-    for tmp in folder.glob("*.npy.tmp-*"):
-        pid = tmp.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 def _write(store: Store, manifest: ShardManifest, data: Path, dtype: type) -> None:
-    """The shards' triples, verified, written to ``data`` (through a temporary name)."""
-    tmp = data.with_name(f"{data.name}.tmp-{os.getpid()}")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=dtype, shape=(manifest.total, 3))
+    """The shards' triples, verified, written to ``data`` through a temporary file (plain
+    writes: a full disk is an ``OSError``, not a fault in a mapping)."""
+    tmp = data.with_name(f"{data.name}.tmp")
+    tmp.unlink(missing_ok=True)  # a dead writer's (writers hold the folder's lock)
     try:
-        at = 0
-        for i, name in enumerate(manifest.files):
-            raw = store.read_bytes(name)
-            if hashlib.sha256(raw).hexdigest() != manifest.sha256[i]:
-                raise RunError(f"{store.url_of(name)}: checksum mismatch (corrupt shard)")
-            part = np.load(io.BytesIO(raw), allow_pickle=False)
-            del raw
-            if part.ndim != 2 or part.shape != (manifest.counts[i], 3):
-                raise RunError(
-                    f"{store.url_of(name)}: holds {part.shape} ids, the manifest says "
-                    f"{manifest.counts[i]} triples"
-                )
-            if dtype is np.int32 and part.size and (part.min() < 0 or part.max() > _I32.max):
-                raise RunError(
-                    f"{store.url_of(name)}: ids outside 0..{_I32.max}, the run's entity and "
-                    "relation counts say they fit int32"
-                )
-            out[at : at + len(part)] = part
-            at += len(part)
-        if at != manifest.total:
-            raise RunError(f"the shards hold {at} triples, the manifest says {manifest.total}")
-        out.flush()
-        del out
-        with open(tmp, "rb+") as f:
+        with open(tmp, "xb") as f:
+            header = {
+                "descr": np.dtype(dtype).str,
+                "fortran_order": False,
+                "shape": (manifest.total, 3),
+            }
+            np.lib.format.write_array_header_1_0(f, header)
+            at = 0
+            for i, name in enumerate(manifest.files):
+                raw = store.read_bytes(name)
+                if hashlib.sha256(raw).hexdigest() != manifest.sha256[i]:
+                    raise RunError(f"{store.url_of(name)}: checksum mismatch (corrupt shard)")
+                part = np.load(io.BytesIO(raw), allow_pickle=False)
+                del raw
+                if part.ndim != 2 or part.shape != (manifest.counts[i], 3):
+                    raise RunError(
+                        f"{store.url_of(name)}: holds {part.shape} ids, the manifest says "
+                        f"{manifest.counts[i]} triples"
+                    )
+                if dtype is np.int32 and part.size and (part.min() < 0 or part.max() > _I32.max):
+                    raise RunError(
+                        f"{store.url_of(name)}: ids outside 0..{_I32.max}, the run's entity and "
+                        "relation counts say they fit int32"
+                    )
+                f.write(np.ascontiguousarray(part, dtype=dtype).tobytes())
+                at += len(part)
+            if at != manifest.total:
+                raise RunError(f"the shards hold {at} triples, the manifest says {manifest.total}")
+            f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, data)
     except BaseException:
@@ -187,12 +189,13 @@ def _write(store: Store, manifest: ShardManifest, data: Path, dtype: type) -> No
 
 
 def _mapped(data: Path, manifest: ShardManifest, dtype: type) -> np.ndarray | None:
-    """The file mapped copy-on-write, or None when it is not the triples it should hold."""
+    """The file mapped copy-on-write, or None when it is missing or not the triples it should
+    hold (then written again); other faults (out of maps, memory) raise ``OSError``."""
     try:
         arr = np.load(data, mmap_mode="c", allow_pickle=False)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError):  # not a .npy of ours: written again
+    except ValueError:  # not a .npy of ours
         return None
     if arr.shape != (manifest.total, 3) or arr.dtype != np.dtype(dtype):
         return None
@@ -204,61 +207,58 @@ def open_shared(
 ) -> SharedTriples | None:
     """All training triples of ``manifest``, mapped from the machine's one copy (written by the
     first rank to arrive); ``wide``: the ids need ``int64``. None where the temp folder cannot
-    hold the file (the caller reads its own copy)."""
+    be used (the caller reads its own copy); a corrupt shard is a :class:`RunError`."""
+    if manifest.total == 0:
+        return None
     dtype: type = np.int64 if wide else np.int32
     folder = folder or shared_folder()
     key = _key(manifest, wide)
     data = folder / f"{key}.npy"
-    size = manifest.total * 3 * np.dtype(dtype).itemsize
+    use: IO[bytes] | None = None
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        use = open(folder / f"{key}.use", "ab")  # noqa: SIM115 (held until close)
+        _own_folder(folder)
+        with _folder_locked(folder):
+            use = open(folder / f"{key}.use", "ab")  # noqa: SIM115 (held until close)
+            fcntl.flock(use, fcntl.LOCK_SH)  # held while this rank trains on the mapping
+            _sweep(folder, keep=key)
+            arr = _mapped(data, manifest, dtype)
+            if arr is None and _room(folder, manifest.total * 3 * np.dtype(dtype).itemsize):
+                _write(store, manifest, data, dtype)
+                arr = _mapped(data, manifest, dtype)
+            if arr is None:
+                raise OSError(f"{data}: no room for the triples, or they do not read back")
+            return SharedTriples(torch.from_numpy(arr), data, use)
     except OSError as err:
         log.info("shared triples: %s cannot be used (%s); reading a copy of our own", folder, err)
+        _give_up(use, data)
         return None
-    with _locked(folder / f"{key}.build"):
-        try:
-            fcntl.flock(use, fcntl.LOCK_SH)  # held while this rank trains on the mapping
-            arr = _mapped(data, manifest, dtype)
-            if arr is None:
-                _sweep(folder, keep=key)
-                arr = _written(store, manifest, data, dtype, size)
-        except BaseException:
-            _give_up(use, data)
-            raise
-        if arr is None:
-            _give_up(use, data)
-            return None
-    return SharedTriples(torch.from_numpy(arr), data, use)
+    except BaseException:
+        _give_up(use, data)
+        raise
 
 
-def _written(
-    store: Store, manifest: ShardManifest, data: Path, dtype: type, size: int
-) -> np.ndarray | None:
-    """The triples written to ``data`` and mapped; None where its disk has no room for them."""
-    free = shutil.disk_usage(data.parent).free
+def _room(folder: Path, size: int) -> bool:
+    free = shutil.disk_usage(folder).free
     if free < size + _SPARE:
         log.info(
-            "shared triples: %s has %d MB free, the triples need %d MB; reading a copy of our own",
-            data.parent,
+            "shared triples: %s has %d MB free, the triples need %d MB",
+            folder,
             free >> 20,
             size >> 20,
         )
-        return None
-    with contextlib.suppress(FileNotFoundError):
-        data.unlink()  # not ours (another shape or type): written again
-    _write(store, manifest, data, dtype)
-    arr = _mapped(data, manifest, dtype)
-    if arr is None:
-        raise RunError(f"{data}: the triples written there do not read back")
-    return arr
+        return False
+    return True
 
 
-def _give_up(use: IO[bytes], data: Path) -> None:
-    """Let ``use`` go (the caller holds ``.build``), removing the lock files if nobody else
-    holds it."""
+def _give_up(use: IO[bytes] | None, data: Path) -> None:
+    """Let ``use`` go, removing the entry if nobody else holds it (best effort)."""
+    if use is None:
+        return
     try:
         fcntl.flock(use, fcntl.LOCK_UN)
-        _remove_unused(use, data)
+        with _folder_locked(data.parent):
+            _remove_unused(use, data)
+    except OSError:
+        pass
     finally:
         use.close()

@@ -5,12 +5,14 @@ every input error is one line, before a task fails) and the flow then stages it
 (:func:`~kgpipe.runs.stage.prepare_run`): the same files parsed twice, which on a graph of 100M
 lines is minutes and a second peak of the reader's memory. A pre-flight check asked to keep
 its result leaves it here; the staging takes it (once) when its data config is the same and
-every input file still has the size and version (modification time, or the object store's
-``LastModified``/``ETag``) it had before the check read it; otherwise the files are read again.
+every input file still has the size and version fsspec reports (modification time and inode,
+or the object store's ``LastModified``, ``ETag`` and version: all that are there) it had
+before the check read it; otherwise the files are read again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -21,9 +23,20 @@ from kgpipe.config import DataConfig
 from kgpipe.data.dataset import TripleDataset
 from kgpipe.data.reading import sources
 
-__all__ = ["file_versions", "keep_parsed", "take_parsed"]
+__all__ = ["file_versions", "forget_parsed", "keep_parsed", "take_parsed"]
 
-_VERSION_KEYS = ("mtime", "LastModified", "ETag", "last_modified", "etag")
+#: what fsspec's ``info`` may say of a file's version (every one present is compared)
+_VERSION_KEYS = (
+    "mtime",
+    "ino",
+    "created",
+    "LastModified",
+    "ETag",
+    "VersionId",
+    "last_modified",
+    "etag",
+    "generation",
+)
 
 
 @dataclass(frozen=True)
@@ -44,13 +57,15 @@ def file_versions(data: DataConfig) -> tuple[tuple[str, Any, str], ...] | None:
     for src in sources(data):
         try:
             fs, path = url_to_fs(src.url, **(src.storage_options or {}))
+            with contextlib.suppress(Exception):
+                fs.invalidate_cache(path)  # not a listing cached before the file changed
             info = fs.info(path)
-        except (OSError, ValueError, ImportError):
+        except Exception:  # best effort: the files are then read again
             return None
-        version = next((info[k] for k in _VERSION_KEYS if info.get(k) is not None), None)
-        if version is None:
+        version = {k: str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None}
+        if not version:
             return None
-        out.append((src.url, info.get("size"), str(version)))
+        out.append((src.url, info.get("size"), repr(sorted(version.items()))))
     return tuple(out)
 
 
@@ -61,6 +76,13 @@ def keep_parsed(
     global _kept
     with _lock:
         _kept = _Kept(data.model_dump_json(), versions, dataset) if versions else None
+
+
+def forget_parsed() -> None:
+    """Drop what a pre-flight check kept (a flow that failed before its staging took it)."""
+    global _kept
+    with _lock:
+        _kept = None
 
 
 def take_parsed(data: DataConfig) -> TripleDataset | None:
