@@ -76,6 +76,27 @@ def report(result: dict[str, Any], path: str | None) -> None:
         Path(path).write_text(text + "\n")
 
 
+def write_result(result: dict[str, Any], path: Path) -> None:
+    """Write a benchmark's result file (its folder made if needed) and say where."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+def stage_random_triples(folder: str, *, triples: int, entities: int, shards: int) -> None:
+    """``triples`` random triples (``entities`` entities, 200 relations, seed 0) staged as a run
+    folder's ``shards`` training shards in ``folder``."""
+    import torch
+
+    from kgpipe.data.shards import stage_shards
+    from kgpipe.storage import Store
+
+    gen = torch.Generator().manual_seed(0)
+    train = torch.randint(0, entities, (triples, 3), generator=gen)
+    train[:, 1] %= 200
+    stage_shards(train, Store(folder), num_shards=shards, seed=0)
+
+
 def peak_rss() -> int:
     """This process's own peak resident set in bytes.
 

@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import commit, hardware, stage_random_triples, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,11 +118,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
 
-    import torch
-
-    from kgpipe.data.shards import stage_shards
-    from kgpipe.storage import Store
-
     out: dict[str, Any] = {
         "hardware": hardware(),
         "commit": commit(),
@@ -133,11 +128,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory() as tmp:
         run = str(Path(tmp) / "run")
-        gen = torch.Generator().manual_seed(0)
-        train = torch.randint(0, args.entities, (args.triples, 3), generator=gen)
-        train[:, 1] %= 200
-        stage_shards(train, Store(run), num_shards=args.shards, seed=0)
-        del train
+        stage_random_triples(run, triples=args.triples, entities=args.entities, shards=args.shards)
         folder = str(Path(tmp) / "shared")
         for _ in range(args.rounds):
             for mode in ("own", "shared"):
@@ -157,10 +148,9 @@ def main() -> None:
         for mode in ("own", "shared")
     }
     print(json.dumps(out["median"], indent=1))
-    path = Path(args.json or RESULTS / f"shared_triples_{args.triples}_{args.ranks}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_result(
+        out, Path(args.json or RESULTS / f"shared_triples_{args.triples}_{args.ranks}.json")
+    )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import code_trees, commit, hardware, interleaved_rounds, synth_graph
+from bench.common import code_trees, commit, hardware, interleaved_rounds, synth_graph, write_result
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,10 +93,7 @@ def main() -> None:
         "runs": runs,
     }  # fmt: skip
     print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
-    path = Path(args.json or RESULTS / f"staging_memory_{args.edges}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_result(out, Path(args.json or RESULTS / f"staging_memory_{args.edges}.json"))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import code_trees, commit, hardware, interleaved_rounds
+from bench.common import (
+    code_trees,
+    commit,
+    hardware,
+    interleaved_rounds,
+    stage_random_triples,
+    write_result,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,11 +69,6 @@ def main() -> None:
     p.add_argument("--json")
     args = p.parse_args()
 
-    import torch
-
-    from kgpipe.data.shards import stage_shards
-    from kgpipe.storage import Store
-
     trees = code_trees(args.before, ROOT)
     out: dict[str, Any] = {
         "hardware": hardware(),
@@ -75,11 +77,7 @@ def main() -> None:
         "triples": args.triples,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        gen = torch.Generator().manual_seed(0)
-        train = torch.randint(0, args.entities, (args.triples, 3), generator=gen)
-        train[:, 1] %= 200
-        stage_shards(train, Store(tmp), num_shards=args.shards, seed=0)
-        del train
+        stage_random_triples(tmp, triples=args.triples, entities=args.entities, shards=args.shards)
         out["runs"] = interleaved_rounds(CHILD, trees, args.rounds, [tmp], cwd=tmp)
     out["median"] = {
         name: {
@@ -89,10 +87,7 @@ def main() -> None:
         for name, rows in out["runs"].items()
     }
     print(json.dumps(out["median"], indent=1))
-    path = Path(args.json or RESULTS / f"triples_memory_{args.triples}.json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {path}")
+    write_result(out, Path(args.json or RESULTS / f"triples_memory_{args.triples}.json"))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,14 @@ from torch import Tensor
 from kgpipe.errors import RunError
 from kgpipe.storage import Store
 
-__all__ = ["MANIFEST", "ShardManifest", "read_manifest", "read_shards", "stage_shards"]
+__all__ = [
+    "MANIFEST",
+    "ShardManifest",
+    "read_manifest",
+    "read_shard",
+    "read_shards",
+    "stage_shards",
+]
 
 MANIFEST = "data/shards/manifest.json"
 _I32 = np.iinfo(np.int32)
@@ -92,6 +99,22 @@ def read_manifest(store: Store) -> ShardManifest:
     )
 
 
+def read_shard(store: Store, manifest: ShardManifest, i: int) -> np.ndarray:
+    """Shard ``i``'s ``[n, 3]`` ids as stored, its sha256 and shape checked against the
+    manifest (:class:`RunError` naming the file otherwise)."""
+    url = store.url_of(manifest.files[i])
+    data = store.read_bytes(manifest.files[i])
+    if hashlib.sha256(data).hexdigest() != manifest.sha256[i]:
+        raise RunError(f"{url}: checksum mismatch (corrupt shard)")
+    part = np.load(io.BytesIO(data), allow_pickle=False)
+    del data
+    if part.ndim != 2 or part.shape != (manifest.counts[i], 3):
+        raise RunError(
+            f"{url}: holds {part.shape} ids, the manifest says {manifest.counts[i]} triples"
+        )
+    return part
+
+
 def read_shards(store: Store, manifest: ShardManifest, ids: list[int]) -> Tensor:
     """Concatenate shards ``ids`` (in order), verifying each file's sha256.
 
@@ -105,16 +128,7 @@ def read_shards(store: Store, manifest: ShardManifest, ids: list[int]) -> Tensor
     out = np.empty((sum(manifest.counts[i] for i in ids), 3), dtype=np.int32)
     at = 0
     for i in ids:
-        url = store.url_of(manifest.files[i])
-        data = store.read_bytes(manifest.files[i])
-        if hashlib.sha256(data).hexdigest() != manifest.sha256[i]:
-            raise RunError(f"{url}: checksum mismatch (corrupt shard)")
-        part = np.load(io.BytesIO(data), allow_pickle=False)
-        del data
-        if part.ndim != 2 or part.shape != (manifest.counts[i], 3):
-            raise RunError(
-                f"{url}: holds {part.shape} ids, the manifest says {manifest.counts[i]} triples"
-            )
+        part = read_shard(store, manifest, i)
         if out.dtype == np.int32 and part.size and (part.min() < _I32.min or part.max() > _I32.max):
             out = out.astype(np.int64)  # ids past int32: the rest is read as stored
         out[at : at + len(part)] = part

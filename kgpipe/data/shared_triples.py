@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import io
 import logging
 import os
 import shutil
@@ -51,7 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from kgpipe.data.shards import ShardManifest
+from kgpipe.data.shards import ShardManifest, read_shard
 from kgpipe.errors import RunError
 from kgpipe.storage import Store
 
@@ -160,16 +159,7 @@ def _write(store: Store, manifest: ShardManifest, data: Path, dtype: type) -> No
             np.lib.format.write_array_header_1_0(f, header)
             at = 0
             for i, name in enumerate(manifest.files):
-                raw = store.read_bytes(name)
-                if hashlib.sha256(raw).hexdigest() != manifest.sha256[i]:
-                    raise RunError(f"{store.url_of(name)}: checksum mismatch (corrupt shard)")
-                part = np.load(io.BytesIO(raw), allow_pickle=False)
-                del raw
-                if part.ndim != 2 or part.shape != (manifest.counts[i], 3):
-                    raise RunError(
-                        f"{store.url_of(name)}: holds {part.shape} ids, the manifest says "
-                        f"{manifest.counts[i]} triples"
-                    )
+                part = read_shard(store, manifest, i)
                 if dtype is np.int32 and part.size and (part.min() < 0 or part.max() > _I32.max):
                     raise RunError(
                         f"{store.url_of(name)}: ids outside 0..{_I32.max}, the run's entity and "
