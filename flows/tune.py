@@ -99,8 +99,11 @@ def tune_kge(
     folder = open_or_prepare_study(base, search_space, settings, budget)
     table = new_trials_table(folder)  # one table per flow run, updated as trials finish
     progress = new_trials_progress(folder)
-    seconds = run_search(folder, table, progress)
-    results = summarize_study(folder, seconds)
+    # the study's lease, from the search until the winner is tested: a search of the same
+    # study started between the two tasks could otherwise trim the winner's checkpoints
+    with folder.lease():
+        seconds = run_search(folder, table, progress, held=True)
+        results = summarize_study(folder, seconds, held=True)
     publish_summary(folder, results)
     best = results.get("best")
     summary = {

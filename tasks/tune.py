@@ -34,7 +34,7 @@ from kgpipe.tune import (
 )
 from kgpipe.tune.folder import STUDY
 from kgpipe.tune.results import summarize, trial_rows
-from kgpipe.tune.study import load_optuna_study, run_study
+from kgpipe.tune.study import load_optuna_study, run_study, search_held
 
 __all__: Sequence[str] = [
     "new_trials_progress",
@@ -84,10 +84,13 @@ def open_or_prepare_study(
 
 
 @task(cache_policy=NO_CACHE)  # no timeout: the search has its own budget (trials, timeout)
-def run_search(folder: StudyFolder, table_id: Any = None, progress_id: Any = None) -> float:
+def run_search(
+    folder: StudyFolder, table_id: Any = None, progress_id: Any = None, *, held: bool = False
+) -> float:
     """Run the study to its budget on the Dask cluster it opens (held for the whole search;
     a resumed study keeps its finished trials and continues the interrupted ones); the trials
-    table and the progress bar follow each trial. Returns the search's seconds."""
+    table and the progress bar follow each trial. ``held``: the flow holds the study's lease
+    (else the search takes it). Returns the search's seconds."""
     logger = get_run_logger()
     t0 = time.perf_counter()
     s = folder.settings
@@ -105,7 +108,8 @@ def run_search(folder: StudyFolder, table_id: Any = None, progress_id: Any = Non
         except Exception as err:
             logger.warning("trials artifacts not updated: %s", err)
 
-    study = run_study(folder, on_event=on_event, log=logger.info)
+    search = search_held if held else run_study
+    study = search(folder, on_event=on_event, log=logger.info)
     try:  # the final state (also when the budget was spent already: a rerun of a done study)
         if table_id is not None:
             update_trials_table(table_id, table_rows(study))
@@ -117,13 +121,18 @@ def run_search(folder: StudyFolder, table_id: Any = None, progress_id: Any = Non
 
 
 @task(timeout_seconds=6 * 3600, cache_policy=NO_CACHE)
-def summarize_study(folder: StudyFolder, seconds: float) -> dict[str, Any]:
+def summarize_study(folder: StudyFolder, seconds: float, *, held: bool = False) -> dict[str, Any]:
     """trials.csv, best.yaml, the plots and results.json in the study folder; the best trial
-    (only it) is tested."""
+    (only it) is tested. ``held``: the flow holds the study's lease (else this task takes it)."""
     logger = get_run_logger()
     study = load_optuna_study(folder)
     return summarize(
-        folder, study, seconds=seconds, test=folder.settings.test_best, log=logger.info
+        folder,
+        study,
+        seconds=seconds,
+        test=folder.settings.test_best,
+        log=logger.info,
+        lease=not held,
     )
 
 

@@ -73,8 +73,30 @@ def test_tune_flow_publishes_its_trials_and_resumes(
         "pruner": "none",
         "seed": 1,
     }
+    # between the search and the winner's test the flow still holds the study: a second
+    # search (a `tune --resume`) trying to start there is refused
+    import tasks.tune as tune_tasks
+    from kgpipe.errors import KgpipeError
+    from kgpipe.runs.lease import RunLease
+    from kgpipe.storage import Store
+
+    other = RunLease(Store(str(study_dir.resolve())), ttl_s=60, holder="a resumed search")
+    seen: list[str] = []
+    real_summarize = tune_tasks.summarize
+
+    def summarize(*args: Any, **kwargs: Any) -> Any:  # what summarize_study calls
+        try:
+            with other:
+                seen.append("the study was free")
+        except KgpipeError as err:
+            seen.append(str(err))
+        return real_summarize(*args, **kwargs)
+
+    monkeypatch.setattr(tune_tasks, "summarize", summarize)
     state = tune_kge(**params, trials=4, return_state=True)
     assert state.is_completed(), state.message
+    assert len(seen) == 1 and "a search of study umls-small" in seen[0], seen
+    monkeypatch.setattr(tune_tasks, "summarize", real_summarize)
     summary = state.result()
     assert summary["study"] == str(study_dir.resolve())
     assert summary["trials"] == {"complete": 4}
