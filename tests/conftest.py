@@ -16,11 +16,19 @@ SHARED_DATASETS = REPO.parent / "shared" / "datasets"
 # The suite never writes into the user's Prefect database or talks to their Prefect server: a
 # PREFECT_HOME of its own (profiles, the temporary servers' SQLite), set before anything
 # imports Prefect (which reads its settings at import), and removed at the end.
-_PREFECT_HOME = tempfile.mkdtemp(prefix="kgpipe-tests-prefect-home-")
+# Processes the suite starts that import this module again (Dask's workers unpickling a test's
+# function) inherit the suite's home: a home of their own would outlive them, since they end
+# without running atexit handlers.
+_HOME_PREFIX = "kgpipe-tests-prefect-home-"
+_inherited = Path(os.environ.get("PREFECT_HOME", ""))
+if _inherited.name.startswith(_HOME_PREFIX) and _inherited.is_dir():
+    _PREFECT_HOME = str(_inherited)
+else:
+    _PREFECT_HOME = tempfile.mkdtemp(prefix=_HOME_PREFIX)
+    atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 os.environ["PREFECT_HOME"] = _PREFECT_HOME
 for _name in ("PREFECT_API_URL", "PREFECT_API_KEY", "PREFECT_PROFILE", "PREFECT_PROFILES_PATH"):
     os.environ.pop(_name, None)
-atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
