@@ -34,6 +34,7 @@ from tasks.kge import (
     new_progress,
     publish_report,
     stage_data,
+    test_on_gang,
     track_results,
     train_segment,
 )
@@ -158,7 +159,9 @@ def _train_and_finish(
             return result
 
         history, restarts = drive_segments(run, segment, log=logger.info)
-    results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0)
+        # a sharded run's test split, ranked by its gang while the cluster is up
+        tested = test_on_gang(run, address) if address is not None else None
+    results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0, tested)
     report = publish_report(
         run,
         results,

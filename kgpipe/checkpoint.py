@@ -42,6 +42,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointStore",
     "TrainState",
+    "is_optimiser_state",
 ]
 
 log = logging.getLogger("kgpipe.checkpoint")
@@ -344,7 +345,7 @@ class CheckpointStore:
     def load_tables(self, ckpt: Checkpoint) -> TrainState:
         """The state of ``ckpt`` without its optimiser state: the tables (a sharded checkpoint's
         entity table assembled from its shards), counters and history."""
-        state, shards = self.load_selected(ckpt, lambda k: not _is_optimiser(k))
+        state, shards = self.load_selected(ckpt, lambda k: not is_optimiser_state(k))
         if shards:
             whole = assemble_shards(shards)
             state.tables.update({k.removeprefix("table."): v for k, v in whole.items()})
@@ -376,7 +377,8 @@ class CheckpointStore:
         return _best(self.committed())
 
 
-def _is_optimiser(key: str) -> bool:
+def is_optimiser_state(key: str) -> bool:
+    """Whether checkpoint tensor ``key`` is optimiser state (not a table, a counter or RNG)."""
     return key.startswith("optim.") or (key.startswith(SHARD_PREFIX) and ".optim." in key)
 
 

@@ -119,6 +119,8 @@ def train(
             )
             stack.callback(launcher.close)
             history, restarts = drive_segments(run, launcher.train_until, log=say, stop=stop)
+            # a sharded run's test split, ranked by its gang while the cluster is up
+            tested = launcher.test_split(eval_progress)
         results = finish_run(
             run,
             history=history,
@@ -126,6 +128,7 @@ def train(
             seconds=time.perf_counter() - t_start,
             log=say,
             eval_progress=eval_progress,
+            tested=tested,
         )
         if tracker is not None:  # test metrics, then the report and curve
             tracker.finish(results, history, seconds=time.perf_counter() - t_start)

@@ -44,6 +44,7 @@ __all__: Sequence[str] = [
     "new_progress",
     "publish_report",
     "stage_data",
+    "test_on_gang",
     "track_results",
     "train_segment",
     "transient",
@@ -163,13 +164,29 @@ def train_segment(
     return result
 
 
+@task(cache_policy=NO_CACHE, timeout_seconds=6 * 3600)
+def test_on_gang(run: RunFolder, address: str) -> dict[str, Any] | None:
+    """A sharded run's test split ranked by a gang on the cluster at ``address``, each rank
+    against its own entity shards; None where :func:`evaluate_and_export` ranks it."""
+    logger = get_run_logger()
+    with connect(address) as client:
+        return make_launcher(run, client=client, log=logger.info).test_split()
+
+
 @task(timeout_seconds=6 * 3600, **STORAGE_RETRY)
 def evaluate_and_export(
-    run: RunFolder, history: list[dict[str, Any]], restarts: int, seconds: float
+    run: RunFolder,
+    history: list[dict[str, Any]],
+    restarts: int,
+    seconds: float,
+    tested: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
-    """Final model from the checkpoints, filtered test evaluation, embeddings export."""
+    """Final model from the checkpoints, filtered test evaluation (``tested``: the metrics a
+    sharded gang ranked), embeddings export."""
     logger = get_run_logger()
-    return finish_run(run, history=history, restarts=restarts, seconds=seconds, log=logger.info)
+    return finish_run(
+        run, history=history, restarts=restarts, seconds=seconds, log=logger.info, tested=tested
+    )
 
 
 @task(timeout_seconds=600, **STORAGE_RETRY)

@@ -98,6 +98,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "kgpipe.launch.in_process",
             "kgpipe.launch.rank",
+            "kgpipe.launch.rank_test",
             "kgpipe.launch.memory",
             "kgpipe.launch.dask",
         ),

@@ -284,6 +284,32 @@ def test_a_bad_override_fails_the_flow_run_before_staging(
     assert not root.exists()
 
 
+@pytest.mark.slow
+def test_the_flow_has_a_sharded_gang_rank_the_test_split(
+    prefect_env: PrefectServer, tmp_path: Path
+) -> None:
+    """train-kge with the sharded strategy: the test split is ranked by a gang on the flow's
+    cluster (a task of its own, before the cluster closes), as one process ranks it."""
+    from flows.train import train_kge
+    from kgpipe.config import parse_config
+    from kgpipe.runs.read import evaluate_run
+
+    config = parse_config({
+        "run": {"root": str(tmp_path), "name": "sharded", "seed": 0},
+        "data": {"dataset": "umls"},
+        "model": {"name": "transe", "dim": 16},
+        "training": {"epochs": 2, "batch_size": 512, "negatives": 32, "chunk_size": 64},
+        "evaluation": {"every": 0},
+        "distributed": {"workers": 2, "strategy": "sharded", "entity_shards": 4},
+    })  # fmt: skip
+    state = train_kge(config, return_state=True)
+    assert state.is_completed(), state.message
+    results = json.loads((tmp_path / "sharded" / "results.json").read_text())
+    assert (results["ranked_by"], results["ranks"]) == ("gang", 2)
+    one = evaluate_run(str(tmp_path / "sharded"))
+    assert results["mrr"] == pytest.approx(one["mrr"], rel=1e-9)
+
+
 def test_task_retry_condition_retries_transient_faults_only() -> None:
     from kgpipe.errors import ConfigError, StorageAccessDenied, StorageError, StorageUnreachable
     from tasks.kge import transient

@@ -24,6 +24,7 @@ from kgpipe.errors import CheckpointError, ConfigError
 from kgpipe.export import load_model
 from kgpipe.models.model import KGEModel
 from kgpipe.pipeline import train
+from kgpipe.runs.read import evaluate_run
 from kgpipe.sharded_tensors import assemble_shards, local_rows, shard_key, split_shards
 from kgpipe.storage import Store
 
@@ -198,6 +199,68 @@ def test_sharded_validation_equals_single_process(
     assert [r["valid_candidates"] for r in one] == [want] * len(one)
     for key in ("valid_mrr", "valid_mr", "valid_hits@10"):
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-9), key
+
+
+@pytest.mark.parametrize("candidates", [None, 30], ids=["all", "ogb"])
+def test_the_gang_ranks_the_test_split_as_one_process_does(
+    tmp_path: Path, candidates: int | None
+) -> None:
+    """A sharded run's test split is ranked by its gang, each rank against its own rows of the
+    chosen checkpoint (under early stopping the best validated one); the metrics are those
+    of one process ranking the run's model file, and results.json says who ranked them."""
+    sections = {
+        "model": {"name": "complex", "dim": 16, "init": "uniform", "init_scale": 0.1},
+        "training": {**TRAINING, "epochs": 3},
+        "evaluation": {"test": True, "every": 1, "patience": 5, "candidates": candidates},
+    }
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 5}
+    result = train(_config(tmp_path, "run", **sections, distributed=gang))
+    assert result.results is not None
+    test = result.results
+    assert (test["ranked_by"], test["ranks"]) == ("gang", 2)
+    assert test == json.loads((tmp_path / "run" / "results.json").read_text())
+    valid = [m["valid_mrr"] for m in _metrics(tmp_path, "run")]
+    assert test["training"]["model_epoch"] == 1 + valid.index(max(valid))
+    one = evaluate_run(str(tmp_path / "run"))  # the model file, ranked in this process
+    want = f"per-query-{candidates}" if candidates else "all entities"
+    assert test["protocol"]["candidates"] == one["protocol"]["candidates"] == want
+    assert test["triples"] == one["triples"] > 0
+    for key in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
+        assert test[key] == pytest.approx(one[key], rel=1e-9), key
+        assert test["head"][key] == pytest.approx(one["head"][key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("failures", [1, 2])
+def test_a_failed_test_gang_is_tried_again_then_left_to_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int
+) -> None:
+    """The gang that ranks the test split fails (a worker lost, say): it is launched once more;
+    when that fails too the driver ranks the split itself, and the run still finishes."""
+    import kgpipe.launch.dask as launch_dask
+    from kgpipe.distributed.gang import GangError
+
+    real, tries = launch_dask.launch_gang, []
+
+    def launch(client: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if fn is launch_dask.rank_test:
+            tries.append(fn)
+            if len(tries) <= failures:
+                raise GangError("rank 1 on tcp://x: worker lost", rank=1, worker="tcp://x")
+        return real(client, fn, *args, **kwargs)
+
+    monkeypatch.setattr(launch_dask, "launch_gang", launch)
+    sections = {
+        "model": {"name": "distmult", "dim": 16},
+        "training": TRAINING,
+        "evaluation": {"test": True},
+    }
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 3}
+    result = train(_config(tmp_path, "run", **sections, distributed=gang))
+    assert result.results is not None and len(tries) == min(failures + 1, 2)
+    by = "gang" if failures < 2 else "driver"
+    assert (result.results["ranked_by"], result.results["ranks"]) == (by, 2 if by == "gang" else 1)
+    one = evaluate_run(str(tmp_path / "run"))
+    assert result.results["mrr"] == pytest.approx(one["mrr"], rel=1e-9)
 
 
 def test_a_sharded_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> None:

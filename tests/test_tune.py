@@ -183,6 +183,26 @@ def test_shipped_spaces_sample_valid_configs(model: str) -> None:
         study.tell(trial, 0.0)
 
 
+def test_the_cpu_budget_space_is_the_shipped_space_cut_down() -> None:
+    """configs/tune/transe-cpu-space.yaml samples valid configs of the generic WN18RR base,
+    and searches a subset of the shipped TransE space (nothing it does not search there)."""
+    from kgpipe.tune.space import read_space
+
+    configs = Path(__file__).resolve().parents[1] / "configs" / "tune"
+    space = read_space(str(configs / "transe-cpu-space.yaml"))
+    base = load_config(str(configs / "wn18rr-transe-generic.yaml"), [])
+    check_space(space, base)
+    assert set(space.keys()) < set(default_space("transe").keys())
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(40):
+        trial = study.ask()
+        config = trial_config(base, space.sample(trial, base))
+        assert config.model.dim <= 256 and config.training.negatives <= 256
+        assert config.training.batch_size >= 256
+        assert config.model.dropout.entity == config.model.dropout.relation == 0.0
+        study.tell(trial, 0.0)
+
+
 def test_unreadable_space_files_are_one_line_errors(tmp_path: Path) -> None:
     from kgpipe.tune.space import read_space
 

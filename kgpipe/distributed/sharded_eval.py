@@ -21,6 +21,7 @@ from torch import Tensor
 
 from kgpipe.distributed.sharded import ShardedExchange
 from kgpipe.evaluation import (
+    BLOCK,
     FilterIndex,
     ProgressFn,
     sample_candidates,
@@ -82,7 +83,7 @@ def _evaluate(
     locate: Any,
 ) -> dict[str, Any]:
     n = int(triples.shape[0])
-    spec, inter = model.spec, model.interaction
+    spec = model.spec
     dev = model.entity.device
     exclude: Tensor | None = None
     candidates = "all"
@@ -94,22 +95,85 @@ def _evaluate(
         candidates = f"sampled-{int(sample.numel())}"
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
+    blocks = exclude is None and dev.type == "cpu"  # as one process counts, on the CPU
     for side, _start, r, anchors, targets, rows in _queries(
         exchange, triples, batch_size, dev, progress
     ):
         rd = r.to(dev)
-        if side == "tail":
-            block = inter.score_tails(rows, model.relation[rd], model.entity)
-        elif spec.reciprocal:
-            block = inter.score_tails(rows, model.relation[rd + spec.num_relations], model.entity)
-        else:
-            block = inter.score_heads(model.relation[rd], rows, model.entity)
         f_rows, f_cols = filter_index.answers(side, anchors, r)
-        got = split_block_ranks(
-            block.float(), targets.to(dev), f_rows.to(dev), f_cols.to(dev), locate, exclude
-        )
+        f_rows, f_cols, targets = f_rows.to(dev), f_cols.to(dev), targets.to(dev)
+        got = None
+        if blocks:
+            got = _blocked_ranks(model, side, rows, rd, targets, f_rows, f_cols, locate)
+        if got is None:  # the whole (chunk x own rows) matrix
+            block = _scores(model, side, rows, rd, model.entity)
+            got = split_block_ranks(block.float(), targets, f_rows, f_cols, locate, exclude)
         ranks[side].append(got.cpu())
     return summarise(ranks, n, candidates)
+
+
+def _scores(model: KGEModel, side: str, rows: Tensor, rd: Tensor, table: Tensor) -> Tensor:
+    """Scores ``(queries, table rows)`` of the queries whose anchors' rows are ``rows``."""
+    spec, inter = model.spec, model.interaction
+    if side == "tail":
+        return inter.score_tails(rows, model.relation[rd], table)
+    if spec.reciprocal:
+        return inter.score_tails(rows, model.relation[rd + spec.num_relations], table)
+    return inter.score_heads(model.relation[rd], rows, table)
+
+
+def _blocked_ranks(
+    model: KGEModel,
+    side: str,
+    rows: Tensor,
+    rd: Tensor,
+    targets: Tensor,
+    f_rows: Tensor,
+    f_cols: Tensor,
+    locate: Any,
+) -> Tensor | None:
+    """The chunk's ranks counted :data:`~kgpipe.evaluation.BLOCK` of this rank's rows at a time
+    (cache-sized passes instead of passes over a ``(chunk, own rows)`` matrix), as one process
+    counts on the CPU: the target's score from a small product on the rank that owns it, checked
+    against its column of the block. A collective; None on every rank (each then scores its
+    whole matrix) where any rank's check failed (a kernel that rounds another way)."""
+    import torch.distributed as dist
+
+    dev = rows.device
+    b = rows.shape[0]
+    own, cols = locate(targets)
+    mine, tcols = torch.arange(b, device=dev)[own], cols[own]
+    true = torch.zeros(b, dtype=torch.float32, device=dev)
+    if mine.numel():  # every query against the targets it holds: the blocks' row count
+        small = _scores(model, side, rows, rd, model.entity[tcols]).float()
+        true[mine] = small[mine, torch.arange(mine.numel(), device=dev)]
+    dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+    col = true.unsqueeze(1)
+    keep, f_pos = locate(f_cols)
+    f_rows, f_pos = f_rows[keep], f_pos[keep]
+    order = torch.argsort(f_pos)
+    f_rows, f_pos = f_rows[order], f_pos[order]
+    n = int(model.entity.shape[0])
+    starts = torch.arange(0, n + BLOCK, BLOCK, device=dev).clamp_(max=n)
+    bounds = torch.searchsorted(f_pos, starts).tolist()
+    counts = torch.zeros(3, b, dtype=torch.long, device=dev)  # better, equal, check failed
+    for k, lo in enumerate(range(0, n, BLOCK)):
+        hi = min(lo + BLOCK, n)
+        block = _scores(model, side, rows, rd, model.entity[lo:hi]).float()
+        here = (tcols >= lo) & (tcols < hi)
+        m_rows, m_cols = mine[here], tcols[here] - lo
+        if not torch.equal(block[m_rows, m_cols], true[m_rows]):
+            counts[2] = 1
+            break
+        a, z = bounds[k], bounds[k + 1]
+        block[f_rows[a:z], f_pos[a:z] - lo] = float("-inf")
+        block[m_rows, m_cols] = float("-inf")
+        counts[0] += (block > col).sum(1)
+        counts[1] += (block == col).sum(1)
+    dist.all_reduce(counts)
+    if bool(counts[2].any()):
+        return None
+    return 1.0 + counts[0].double() + counts[1].double() / 2.0
 
 
 def _per_query(

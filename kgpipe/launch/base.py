@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
+from kgpipe.evaluation import ProgressFn
 from kgpipe.runs.segments import SegmentResult
 
 __all__ = ["Launcher"]
@@ -18,6 +19,11 @@ class Launcher(Protocol):
 
     def train_until(self, until: int) -> SegmentResult:
         """Train from the latest committed checkpoint to epoch ``until`` (committed)."""
+
+    def test_split(self, progress: ProgressFn | None = None) -> dict[str, Any] | None:
+        """The test metrics of the finished run's chosen checkpoint ranked where the model is
+        spread (a sharded gang), for :func:`~kgpipe.runs.finish.finish_run`; None: the driver
+        ranks it there."""
 
     def close(self) -> None:
         """Release what training holds (a pending background upload, its thread)."""

@@ -23,10 +23,13 @@ from kgpipe.devices import device_identity, shared_devices
 from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
-from kgpipe.errors import ConfigError, RunError
+from kgpipe.errors import ConfigError, KgpipeError, RunError
+from kgpipe.evaluation import ProgressFn
 from kgpipe.launch.memory import check_gang_memory
 from kgpipe.launch.rank import RankSpec, rank_main
+from kgpipe.launch.rank_test import rank_test
 from kgpipe.runs.callbacks import MetricsWriter
+from kgpipe.runs.finish import chosen_checkpoint
 from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.segments import SegmentResult
 from kgpipe.training.hooks import Callback, ViewBase
@@ -245,6 +248,45 @@ class DaskLauncher:
                     if _alive(client) == 0:
                         raise RunError(f"{run.url}: no Dask worker is left after: {err}") from None
                     self.say(f"going on with {_alive(client)} of {dcfg.workers} workers")
+
+    def test_split(self, progress: ProgressFn | None = None) -> dict[str, Any] | None:
+        """The test metrics of the run's chosen checkpoint ranked by a gang of the cluster's
+        workers, each against its own entity shards (``progress``: rank 0's, as it ranks).
+        None where the driver ranks it: the checkpoint is not sharded, there is no test to
+        rank, fewer than 2 workers are alive, or the gang failed twice (said in the log)."""
+        run, client = self.run, self.client
+        config = run.config
+        chosen = chosen_checkpoint(run, verify=False)  # the ranks verify the files they read
+        if chosen is None or chosen.manifest.get("strategy") != "sharded":
+            return None
+        if not config.evaluation.test or not run.staged(train=False).test.numel():
+            return None
+        for attempt in (1, 2):
+            world = min(config.distributed.workers, _alive(client))
+            if world < 2:
+                return None
+            queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
+            make_spec = functools.partial(
+                self._spec, queue=queue, world=world, start=chosen.epoch, until=chosen.epoch
+            )
+            self.say(f"ranking the test split on {world} Dask workers (their entity shards)")
+
+            def relay(event: dict[str, Any]) -> None:
+                if progress is not None and event.get("type") == "eval":
+                    progress(int(event["done"]), int(event["total"]))
+
+            try:
+                got = launch_gang(
+                    client, rank_test, make_spec, world_size=world, queue=queue, on_event=relay
+                )
+                return dict(got[0])
+            except KgpipeError as err:  # a GangError, or no worker to launch it on
+                log_warning(f"ranking the test split on the gang failed (try {attempt}/2): {err}")
+                self.say(f"the gang's test ranking failed: {err}")
+                if not isinstance(err, GangError) or not err.retryable:
+                    break
+        self.say("ranking the test split in the driver instead")
+        return None
 
     def _spec(
         self,

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from kgpipe.checkpoint import TrainState
 from kgpipe.devices import resolve_device
 from kgpipe.errors import RunError
+from kgpipe.evaluation import ProgressFn
 from kgpipe.launch.build import BuiltTrainer, build_trainer
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.callbacks import MetricsWriter
@@ -42,6 +43,10 @@ class InProcessLauncher:
     @property
     def restarts(self) -> int:
         return 0
+
+    def test_split(self, progress: ProgressFn | None = None) -> None:
+        """None: the model is in this process, where finish_run ranks the test split."""
+        return None
 
     def train_until(self, until: int) -> SegmentResult:
         self._train(until)

@@ -8,10 +8,11 @@ checkpoints and streams progress to the driver through a Dask queue.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,7 +36,7 @@ from kgpipe.training.exchange import Exchange
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
-__all__ = ["RankSpec", "Reporter", "rank_main"]
+__all__ = ["RankSpec", "Reporter", "joined", "rank_main", "shared_triples"]
 
 
 @dataclass(frozen=True)
@@ -142,20 +143,18 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def rank_main(spec: RankSpec) -> dict[str, Any]:
-    """Train as rank ``spec.rank`` from checkpoint ``spec.start_epoch`` to ``spec.until``; rank 0
-    validates and commits checkpoints. Returns where the rank stopped (no tensors: the state is
-    in the checkpoint store)."""
+@contextlib.contextmanager
+def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
+    """The run folder and device of rank ``spec.rank``, in the gang's process group (joined on
+    entry, left on exit); the process settings of the run, set in the calling thread (OpenMP's
+    thread count is per thread: the one that runs the task)."""
     config = parse_config(spec.config)
     config = config.model_copy(
         update={"run": config.run.model_copy(update={"storage_options": spec.storage_options})}
     )
     dcfg, t = config.distributed, config.training
-    # OpenMP's thread count is per calling thread: set in the thread that runs the task
     configure(threads=spec.threads, allocator=t.allocator, deterministic=t.deterministic)
-    governor = ThreadGovernor(spec.threads).start() if spec.adapt_threads else None
     run = RunFolder(config=config, **spec.run)
-    store = run.store
     device = resolve_device(t.device, cluster=dcfg.cluster)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL uses the current device of each rank
@@ -166,6 +165,34 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
         world_size=spec.world_size,
         timeout=dt.timedelta(seconds=dcfg.timeout_s),
     )
+    try:
+        yield run, device
+    finally:
+        dist.destroy_process_group()
+
+
+def shared_triples(run: RunFolder, world_size: int) -> SharedTriples | None:
+    """The machine's one mapped copy of the training triples for a rank of a step-synchronised
+    gang of ``world_size`` > 1 (``distributed.share_triples``); None: the rank reads its own."""
+    dcfg = run.config.distributed
+    if dcfg.sync != "step" or world_size < 2 or not dcfg.share_triples:
+        return None
+    wide = max(run.num_entities, run.num_relations) > torch.iinfo(torch.int32).max
+    return open_shared(run.store, read_manifest(run.store), wide=wide)
+
+
+def rank_main(spec: RankSpec) -> dict[str, Any]:
+    """Train as rank ``spec.rank`` from checkpoint ``spec.start_epoch`` to ``spec.until``; rank 0
+    validates and commits checkpoints. Returns where the rank stopped (no tensors: the state is
+    in the checkpoint store)."""
+    with joined(spec) as (run, device):
+        return _train(spec, run, device)
+
+
+def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any]:
+    config, store = run.config, run.store
+    dcfg, t = config.distributed, config.training
+    governor = ThreadGovernor(spec.threads).start() if spec.adapt_threads else None
     shared: SharedTriples | None = None
     try:
         step_sync, lead = dcfg.sync == "step", spec.rank == 0
@@ -180,9 +207,7 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
             )
         # all training triples where the rank trains the global batch or validates (the filter);
         # ranks of a step-synchronised gang map the machine's one copy
-        if step_sync and spec.world_size > 1 and dcfg.share_triples:
-            wide = max(run.num_entities, run.num_relations) > torch.iinfo(torch.int32).max
-            shared = open_shared(store, read_manifest(store), wide=wide)
+        shared = shared_triples(run, spec.world_size)
         data = run.staged(
             train=step_sync or lead or splits_validation(config, spec.world_size),
             triples=shared.tensor if shared is not None else None,
@@ -263,4 +288,3 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     finally:
         if shared is not None:
             shared.close()
-        dist.destroy_process_group()

@@ -22,9 +22,11 @@ from kgpipe.model_file import write_sharded_model
 from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.query_candidates import QueryCandidates
-from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder
+from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder, StagedData
 
-__all__ = ["evaluation_protocol", "finish_run", "test_results"]
+__all__ = ["chosen_checkpoint", "evaluation_protocol", "finish_run", "test_results"]
+
+Evaluator = Callable[..., dict[str, Any]]
 
 Log = Callable[[str], None]
 
@@ -59,11 +61,15 @@ def test_results(
     index: FilterIndex,
     split: str,
     progress: ProgressFn | None = None,
+    *,
+    evaluator: Evaluator | None = None,
 ) -> dict[str, Any]:
-    """Filtered metrics of ``triples`` as ``results.json`` states them (with the protocol)."""
+    """Filtered metrics of ``triples`` as ``results.json`` states them (with the protocol).
+    ``evaluator``: :func:`~kgpipe.evaluation.evaluate`'s stand-in with the model bound (a
+    sharded gang's ranks: :func:`~kgpipe.distributed.sharded_eval.evaluate_sharded`)."""
     t0 = time.perf_counter()
-    m = evaluate(
-        model,
+    rank = evaluator or (lambda *args, **kwargs: evaluate(model, *args, **kwargs))
+    m = rank(
         triples,
         index,
         batch_size=config.evaluation.batch_size,
@@ -91,19 +97,20 @@ def finish_run(
     seconds: float | None = None,
     log: Log | None = None,
     eval_progress: ProgressFn | None = None,
+    tested: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """Write the final model, evaluate it on test, export embeddings; returns ``results.json``'s
-    content (``None`` without a test split or with ``evaluation.test`` off)."""
+    content (``None`` without a test split or with ``evaluation.test`` off). ``tested``: the
+    test metrics of the chosen checkpoint ranked already (by a sharded gang's ranks,
+    :meth:`~kgpipe.launch.dask.DaskLauncher.test_split`), used when they name its epoch."""
     say = log or (lambda _msg: None)
     config, store = run.config, run.store
     checkpoints = run.checkpoints()
-    chosen = checkpoints.best() if config.evaluation.patience else None
-    if chosen is not None:
+    chosen = chosen_checkpoint(run, checkpoints)
+    if chosen is not None and config.evaluation.patience and chosen.valid_mrr is not None:
         say(f"keeping the best validated model (epoch {chosen.epoch}, MRR {chosen.valid_mrr:.4f})")
-    else:
-        chosen = checkpoints.latest_verified()
-        if chosen is None and config.training.epochs > 0:
-            raise RunError(f"{run.url}: no committed checkpoint to finish from")
+    if tested is not None and (chosen is None or tested.get("model_epoch") != chosen.epoch):
+        tested = None  # another checkpoint's: ranked here
     sharded = chosen is not None and chosen.manifest.get("strategy") == "sharded"
     if sharded:  # never the whole table in this process: written a block at a time, mapped
         assert chosen is not None
@@ -115,8 +122,27 @@ def finish_run(
         model = _whole_model(run, checkpoints, chosen)
         save_model(model, store)
     return _test_and_export(
-        run, checkpoints, model, chosen, sharded, history, restarts, seconds, say, eval_progress
-    )
+        run, checkpoints, model, chosen, sharded, history, restarts, seconds, say, eval_progress,
+        tested,
+    )  # fmt: skip
+
+
+def chosen_checkpoint(
+    run: RunFolder, checkpoints: CheckpointStore | None = None, *, verify: bool = True
+) -> Checkpoint | None:
+    """The checkpoint a finished run's model is: the best validated one under early stopping
+    (``evaluation.patience``), else the latest verified one (None: ``training.epochs: 0``;
+    ``verify=False``: the latest committed one, its files not read)."""
+    checkpoints = checkpoints or run.checkpoints()
+    config = run.config
+    chosen = checkpoints.best() if config.evaluation.patience else None
+    if chosen is None and not verify:
+        return next(iter(reversed(checkpoints.committed())), None)
+    if chosen is None:
+        chosen = checkpoints.latest_verified()
+        if chosen is None and config.training.epochs > 0:
+            raise RunError(f"{run.url}: no committed checkpoint to finish from")
+    return chosen
 
 
 def _whole_model(
@@ -144,32 +170,23 @@ def _test_and_export(
     seconds: float | None,
     say: Log,
     eval_progress: ProgressFn | None,
+    tested: dict[str, Any] | None,
 ) -> dict[str, Any] | None:
     config, store = run.config, run.store
     vocab = Vocabulary.read(store.url_of(VOCAB), config.run.storage_options, retry=run.retry)
     results: dict[str, Any] | None = None
-    data = run.staged()
-    if config.evaluation.test and data.test.numel():
+    data = run.staged(train=tested is None)  # the filter's triples, where it ranks here
+    if config.evaluation.test and data.test.numel() and tested is not None:
+        results = {k: v for k, v in tested.items() if k != "model_epoch"}
+    elif config.evaluation.test and data.test.numel():
         say(f"evaluating on test ({data.test.shape[0]} triples, both sides)")
-        index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
-        t = config.training
-        # the run's process settings: (batch x entities) score blocks reuse their pages under
-        # allocator retain, and the threads follow the machine unless pinned
-        configure(threads=t.threads, allocator=t.allocator, deterministic=t.deterministic)
-        governor = ThreadGovernor().start() if t.threads is None else None
-
-        def progress(done: int, total: int) -> None:
-            if governor is not None:
-                governor.tick()
-            if eval_progress is not None:
-                eval_progress(done, total)
-
-        model.to(resolve_device(t.device))  # rank on the GPU if there is one
-        results = test_results(config, model, data.test, index, "test", progress)
+        results = _test_here(run, model, data, eval_progress)
+        results["ranked_by"], results["ranks"] = "driver", 1
         if sharded:  # it exports from its shards: no copy of the mapped table, no GPU copy kept
             model.to("meta")
         else:
             model.cpu()
+    if results is not None:
         results["training"] = {
             "epochs": len(history),
             "model_epoch": chosen.epoch if chosen else 0,
@@ -197,3 +214,25 @@ def _test_and_export(
             retry=run.retry,
         )
     return results
+
+
+def _test_here(
+    run: RunFolder, model: KGEModel, data: StagedData, eval_progress: ProgressFn | None
+) -> dict[str, Any]:
+    """The test metrics of ``model`` ranked in this process."""
+    config = run.config
+    index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
+    t = config.training
+    # the run's process settings: (batch x entities) score blocks reuse their pages under
+    # allocator retain, and the threads follow the machine unless pinned
+    configure(threads=t.threads, allocator=t.allocator, deterministic=t.deterministic)
+    governor = ThreadGovernor().start() if t.threads is None else None
+
+    def progress(done: int, total: int) -> None:
+        if governor is not None:
+            governor.tick()
+        if eval_progress is not None:
+            eval_progress(done, total)
+
+    model.to(resolve_device(t.device))  # rank on the GPU if there is one
+    return test_results(config, model, data.test, index, "test", progress)

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState
+from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState, is_optimiser_state
 from kgpipe.distributed.sharded import ShardedExchange
 from kgpipe.errors import CheckpointError, Fenced, KgpipeError, StorageFull
 from kgpipe.sharded_tensors import SHARD_PREFIX, local_rows, split_shards
@@ -161,10 +161,14 @@ def _raise(errors: list[tuple[str, str]], what: str) -> None:
 
 
 def load_rank_state(
-    checkpoints: CheckpointStore, ckpt: Checkpoint, exchange: ShardedExchange
+    checkpoints: CheckpointStore,
+    ckpt: Checkpoint,
+    exchange: ShardedExchange,
+    *,
+    tables: bool = False,
 ) -> TrainState:
     """This rank's part of checkpoint ``ckpt``: its own entity rows and their optimiser state,
-    and the replicated rest. Of a sharded checkpoint only this rank's shards' tensors are read
+    and the replicated rest (``tables``: without any optimiser state). Of a sharded checkpoint only this rank's shards' tensors are read
     (whatever world size wrote it): the manifest says which shards each file holds, so a rank
     fetches and checks against its SHA-256 only the files with its shards and the one with the
     replicated part (the driver has verified the whole checkpoint before the gang starts); a
@@ -172,6 +176,8 @@ def load_rank_state(
     mine = set(exchange.map.shards_of(exchange.rank))
 
     def keep(key: str) -> bool:
+        if tables and is_optimiser_state(key):
+            return False
         if not key.startswith(SHARD_PREFIX):
             return True
         return int(key[len(SHARD_PREFIX) :].partition(".")[0]) in mine
