@@ -59,10 +59,12 @@ def timed_training(cfg: Any, steps: int) -> tuple[Any, Any, Any]:
 
 
 def commit() -> str:
+    """The checkout's commit (of this file's checkout, wherever the benchmark runs from)."""
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        )
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parent,
+        )  # fmt: skip
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"

@@ -2,7 +2,7 @@
 
 Generates a synthetic graph (``kgpipe synth``), trains it for one epoch with 2 sharded workers
 on a LocalCluster (test off), then ranks its test split in rounds, each in a fresh process, the
-two ways interleaved:
+ways below interleaved:
 
 - ``driver``: :func:`~kgpipe.runs.finish.finish_run` as a run ends without a gang: the model
   file written from the shards, the test split ranked against its memory map, the export;
@@ -10,7 +10,8 @@ two ways interleaved:
   :meth:`~kgpipe.launch.dask.DaskLauncher.test_split`: every rank reads its shards of the
   checkpoint and ranks the queries against its own rows.
 
-Reports the ranking's seconds (``driver``: the ranking alone; ``gang``: rank 0's ranking, and
+With ``--before TREE`` (a ``git worktree`` of older code) that code's gang ranks too, as
+``gang-before``. Reports the ranking's seconds (``driver``: the ranking alone; ``gang``: rank 0's ranking, and
 the whole call with the launch and the reads), each process's peak resident memory (``VmHWM``;
 the driver's covers the model file and the export too) and the test MRR, which must agree.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -90,11 +92,15 @@ def _train(graph: Path, runs: Path, dim: int, workers: int) -> Path:
     return runs / "sharded"
 
 
-def _rank(run: Path, mode: str) -> dict[str, Any]:
-    out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(run), mode],
-        cwd=str(ROOT), check=True, capture_output=True, text=True,
-    )  # fmt: skip
+def _rank(run: Path, mode: str, tree: Path) -> dict[str, Any]:
+    """One ranking in a fresh process importing kgpipe from ``tree`` (run outside any
+    checkout: ``-c`` puts the working directory first on the path)."""
+    with tempfile.TemporaryDirectory() as cwd:
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(run), mode.removesuffix("-before")],
+            cwd=cwd, env={**os.environ, "PYTHONPATH": str(tree)},
+            check=True, capture_output=True, text=True,
+        )  # fmt: skip
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -110,13 +116,20 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--keep", type=Path, default=None, help="keep the graph and run here")
+    p.add_argument(
+        "--before", type=Path, default=None,
+        help="a checkout of older code: its gang ranks too (mode gang-before)",
+    )  # fmt: skip
     args = p.parse_args()
     out: dict[str, Any] = {
         "hardware": hardware(),
         "commit": commit(),
         "command": " ".join(sys.argv),
     }
-    modes = ["driver", "gang"]
+    trees = {"driver": ROOT, "gang": ROOT}
+    if args.before is not None:
+        trees["gang-before"] = args.before.resolve()
+    modes = list(trees)
     with tempfile.TemporaryDirectory() as tmp:
         where = args.keep or Path(tmp)
         graph = where / "graph"
@@ -133,7 +146,7 @@ def main() -> None:
         rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
         for i in range(args.rounds):
             for mode in modes if i % 2 == 0 else reversed(modes):
-                got = _rank(run, mode)
+                got = _rank(run, mode, trees[mode])
                 rows[mode].append(got)
                 print(mode, json.dumps(got), flush=True)
     n = int(info["num_entities"])

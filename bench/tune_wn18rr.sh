@@ -4,7 +4,7 @@
 # on this machine's 2 cores, a time budget, then the best trial tested.
 #   bash bench/tune_wn18rr.sh [BUDGET=60m] [STUDY_ROOT=/tmp/kgpipe-studies] [PRUNER=median] [SPACE]
 # SPACE: a search space file (default: the shipped TransE space), e.g.
-# configs/tune/transe-cpu-space.yaml (the shipped space cut to a CPU budget).
+# configs/tune/spaces/transe-cpu.yaml (the shipped space cut to a CPU budget).
 # BUDGET is when the last trial may start; the running trials then finish (at most the 10-minute
 # trial limit) and the best one is tested.
 # Results: STUDY_ROOT/wn18rr-transe-generic-*/results.json, trials.csv, best.png (docs/benchmarks.md)

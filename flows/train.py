@@ -159,8 +159,12 @@ def _train_and_finish(
             return result
 
         history, restarts = drive_segments(run, segment, log=logger.info)
-        # a sharded run's test split, ranked by its gang while the cluster is up
-        tested = test_on_gang(run, address) if address is not None else None
+        # a sharded run's test split, ranked by its gang while the cluster is up; a failed
+        # task leaves it to evaluate_and_export (the run is trained already)
+        tested = None
+        if address is not None and run.config.distributed.strategy == "sharded":
+            ranked = test_on_gang(run, address, return_state=True)
+            tested = ranked.result() if ranked.is_completed() else None
     results = evaluate_and_export(run, history, restarts, time.perf_counter() - t0, tested)
     report = publish_report(
         run,

@@ -184,12 +184,12 @@ def test_shipped_spaces_sample_valid_configs(model: str) -> None:
 
 
 def test_the_cpu_budget_space_is_the_shipped_space_cut_down() -> None:
-    """configs/tune/transe-cpu-space.yaml samples valid configs of the generic WN18RR base,
+    """configs/tune/spaces/transe-cpu.yaml samples valid configs of the generic WN18RR base,
     and searches a subset of the shipped TransE space (nothing it does not search there)."""
     from kgpipe.tune.space import read_space
 
     configs = Path(__file__).resolve().parents[1] / "configs" / "tune"
-    space = read_space(str(configs / "transe-cpu-space.yaml"))
+    space = read_space(str(configs / "spaces" / "transe-cpu.yaml"))
     base = load_config(str(configs / "wn18rr-transe-generic.yaml"), [])
     check_space(space, base)
     assert set(space.keys()) < set(default_space("transe").keys())

@@ -95,7 +95,9 @@ def _evaluate(
         candidates = f"sampled-{int(sample.numel())}"
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
-    blocks = exclude is None and dev.type == "cpu"  # as one process counts, on the CPU
+    # as one process counts on the CPU; off for good once a chunk's check failed (every rank
+    # learns it from the same all-reduce, so all of them stop trying together)
+    blocks = exclude is None and dev.type == "cpu"
     for side, _start, r, anchors, targets, rows in _queries(
         exchange, triples, batch_size, dev, progress
     ):
@@ -105,6 +107,7 @@ def _evaluate(
         got = None
         if blocks:
             got = _blocked_ranks(model, side, rows, rd, targets, f_rows, f_cols, locate)
+            blocks = got is not None
         if got is None:  # the whole (chunk x own rows) matrix
             block = _scores(model, side, rows, rd, model.entity)
             got = split_block_ranks(block.float(), targets, f_rows, f_cols, locate, exclude)

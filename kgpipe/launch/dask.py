@@ -23,7 +23,7 @@ from kgpipe.devices import device_identity, shared_devices
 from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
-from kgpipe.errors import ConfigError, KgpipeError, RunError
+from kgpipe.errors import ConfigError, RunError
 from kgpipe.evaluation import ProgressFn
 from kgpipe.launch.memory import check_gang_memory
 from kgpipe.launch.rank import RankSpec, rank_main
@@ -253,15 +253,33 @@ class DaskLauncher:
         """The test metrics of the run's chosen checkpoint ranked by a gang of the cluster's
         workers, each against its own entity shards (``progress``: rank 0's, as it ranks).
         None where the driver ranks it: the checkpoint is not sharded, there is no test to
-        rank, fewer than 2 workers are alive, or the gang failed twice (said in the log)."""
+        rank, fewer than 2 workers are alive, or the gang failed (said in the log; a trained
+        run never fails here)."""
+        try:
+            return self._test_split(progress)
+        except Exception as err:  # the driver can rank it: never fail a run trained already
+            log_warning(f"ranking the test split in the driver: the gang's ranking failed: {err}")
+            self.say(f"the gang's test ranking failed ({err}); ranking it in the driver")
+            return None
+
+    def _test_split(self, progress: ProgressFn | None) -> dict[str, Any] | None:
         run, client = self.run, self.client
         config = run.config
+        ft = config.fault_tolerance
         chosen = chosen_checkpoint(run, verify=False)  # the ranks verify the files they read
         if chosen is None or chosen.manifest.get("strategy") != "sharded":
             return None
         if not config.evaluation.test or not run.staged(train=False).test.numel():
             return None
-        for attempt in (1, 2):
+
+        def relay(event: dict[str, Any]) -> None:
+            if progress is not None and event.get("type") == "eval":
+                with contextlib.suppress(Exception):  # a display must not fail the ranking
+                    progress(int(event["done"]), int(event["total"]))
+
+        attempt = 0
+        while True:
+            attempt += 1
             world = min(config.distributed.workers, _alive(client))
             if world < 2:
                 return None
@@ -270,23 +288,20 @@ class DaskLauncher:
                 self._spec, queue=queue, world=world, start=chosen.epoch, until=chosen.epoch
             )
             self.say(f"ranking the test split on {world} Dask workers (their entity shards)")
-
-            def relay(event: dict[str, Any]) -> None:
-                if progress is not None and event.get("type") == "eval":
-                    progress(int(event["done"]), int(event["total"]))
-
             try:
                 got = launch_gang(
                     client, rank_test, make_spec, world_size=world, queue=queue, on_event=relay
                 )
                 return dict(got[0])
-            except KgpipeError as err:  # a GangError, or no worker to launch it on
-                log_warning(f"ranking the test split on the gang failed (try {attempt}/2): {err}")
-                self.say(f"the gang's test ranking failed: {err}")
-                if not isinstance(err, GangError) or not err.retryable:
-                    break
-        self.say("ranking the test split in the driver instead")
-        return None
+            except GangError as err:
+                if not err.retryable or attempt == 2:
+                    raise
+                log_warning(f"ranking the test split on the gang failed, once more: {err}")
+                time.sleep(ft.restart_backoff_s)  # as a training gang's relaunch waits
+                with contextlib.suppress(TimeoutError):
+                    client.wait_for_workers(
+                        config.distributed.workers, timeout=ft.wait_for_workers_s
+                    )
 
     def _spec(
         self,
