@@ -172,3 +172,27 @@ def interleaved_rounds(
             runs[name].append(row)
             print(r, name, json.dumps(row), flush=True)
     return runs
+
+
+def train_sharded(graph: Path, runs: Path, dim: int, workers: int) -> Path:
+    """One epoch of DistMult on ``graph`` (a `kgpipe synth` folder) with ``workers`` sharded
+    LocalCluster workers, test off: the run folder ``runs/sharded``."""
+    from kgpipe.config import parse_config
+    from kgpipe.pipeline import train
+
+    tree: dict[str, Any] = {
+        "run": {"root": str(runs), "name": "sharded"},
+        "data": {
+            "train": str(graph / "train.tsv"),
+            "valid": str(graph / "valid.tsv"),
+            "test": str(graph / "test.tsv"),
+            "header": False,
+        },
+        "model": {"name": "distmult", "dim": dim},
+        "training": {"epochs": 1, "batch_size": 4096, "negatives": 64,
+                     "loss": "cross_entropy", "optimizer": "adam"},
+        "evaluation": {"every": 0, "test": False},
+        "distributed": {"workers": workers, "strategy": "sharded"},
+    }  # fmt: skip
+    train(parse_config(tree))
+    return runs / "sharded"

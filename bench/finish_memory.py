@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware
+from bench.common import commit, hardware, train_sharded
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -75,28 +75,6 @@ def _finish(code: Path, run: Path) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def _train(graph: Path, runs: Path, dim: int, workers: int) -> Path:
-    from kgpipe.config import parse_config
-    from kgpipe.pipeline import train
-
-    tree: dict[str, Any] = {
-        "run": {"root": str(runs), "name": "sharded"},
-        "data": {
-            "train": str(graph / "train.tsv"),
-            "valid": str(graph / "valid.tsv"),
-            "test": str(graph / "test.tsv"),
-            "header": False,
-        },
-        "model": {"name": "distmult", "dim": dim},
-        "training": {"epochs": 1, "batch_size": 4096, "negatives": 64,
-                     "loss": "cross_entropy", "optimizer": "adam"},
-        "evaluation": {"every": 0, "test": False},
-        "distributed": {"workers": workers, "strategy": "sharded"},
-    }  # fmt: skip
-    train(parse_config(tree))
-    return runs / "sharded"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,7 +111,7 @@ def main() -> None:
         run = where / "runs" / "sharded"
         if not (run / "model.safetensors").exists():
             t0 = time.perf_counter()
-            _train(graph, where / "runs", args.dim, args.workers)
+            train_sharded(graph, where / "runs", args.dim, args.workers)
             out["train_seconds"] = round(time.perf_counter() - t0, 1)
         info = json.loads((run / "data.json").read_text())
         rows: dict[str, list[dict[str, Any]]] = {k: [] for k in codes}

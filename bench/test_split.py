@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import commit, hardware, synth_graph
+from bench.common import commit, hardware, synth_graph, train_sharded
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -68,28 +68,6 @@ row.update(ranking_seconds=results["seconds"], test_mrr=results["mrr"],
            test_triples=results["triples"], ranked_by=results["ranked_by"])
 print(json.dumps(row))
 """
-
-
-def _train(graph: Path, runs: Path, dim: int, workers: int) -> Path:
-    from kgpipe.config import parse_config
-    from kgpipe.pipeline import train
-
-    tree: dict[str, Any] = {
-        "run": {"root": str(runs), "name": "sharded"},
-        "data": {
-            "train": str(graph / "train.tsv"),
-            "valid": str(graph / "valid.tsv"),
-            "test": str(graph / "test.tsv"),
-            "header": False,
-        },
-        "model": {"name": "distmult", "dim": dim},
-        "training": {"epochs": 1, "batch_size": 4096, "negatives": 64,
-                     "loss": "cross_entropy", "optimizer": "adam"},
-        "evaluation": {"every": 0, "test": False},
-        "distributed": {"workers": workers, "strategy": "sharded"},
-    }  # fmt: skip
-    train(parse_config(tree))
-    return runs / "sharded"
 
 
 def _rank(run: Path, mode: str, tree: Path) -> dict[str, Any]:
@@ -140,7 +118,7 @@ def main() -> None:
         run = where / "runs" / "sharded"
         if not (run / "model.safetensors").exists():
             t0 = time.perf_counter()
-            _train(graph, where / "runs", args.dim, args.workers)
+            train_sharded(graph, where / "runs", args.dim, args.workers)
             out["train_seconds"] = round(time.perf_counter() - t0, 1)
         info = json.loads((run / "data.json").read_text())
         rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
