@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from kgpipe.cli.output import Terminated
+from kgpipe.cli.signals import resend_swallowed_signals
 from kgpipe.errors import KgpipeError
 
 __all__ = ["build_parser", "main"]
@@ -58,7 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
-        return int(args.func(args, console))
+        with resend_swallowed_signals():  # a signal whose exception was swallowed: sent again
+            return int(args.func(args, console))
     except KgpipeError as err:
         from rich.markup import escape
 

@@ -1,0 +1,84 @@
+"""A Ctrl-C or SIGTERM whose exception is swallowed (it landed in a ``__del__``, or in Python code
+an extension called) still ends the command: the signal is sent again (kgpipe/cli/signals.py).
+CI once saw ``kgpipe train`` shrug off a SIGTERM that way and exit 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kgpipe.cli.output import Terminated
+from kgpipe.cli.signals import signal_of
+
+REPO = Path(__file__).resolve().parents[1]
+
+# `kgpipe ls` whose work makes an object that sends the signal from its own __del__: the handler
+# raises there, where Python can only print "Exception ignored" and go on
+SCRIPT = """
+import os, signal, sys, time
+import kgpipe.cli.ls
+from kgpipe.cli.main import main
+
+class SignalledWhileDeleted:
+    def __del__(self):
+        os.kill(os.getpid(), {sig})
+        sum(range(1000))  # the handler runs here, inside __del__
+
+def run(args, console):
+    SignalledWhileDeleted()
+    for _ in range(50):
+        time.sleep(0.1)
+    print("ran to the end", file=sys.stderr)
+    return 0
+
+kgpipe.cli.ls.run = run
+{restore}
+sys.exit(main(["ls"]))
+"""
+
+
+@pytest.mark.parametrize(
+    "sig,status,said", [(signal.SIGTERM, 143, "terminated"), (signal.SIGINT, 130, "interrupted")]
+)
+def test_a_signal_swallowed_where_it_landed_still_ends_the_command_quietly(
+    tmp_path: Path, sig: int, status: int, said: str
+) -> None:
+    script = textwrap.dedent(SCRIPT).format(sig=int(sig), restore="")
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == status, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "ran to the end" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == said
+
+
+def test_without_the_resend_the_swallowed_signal_is_lost(tmp_path: Path) -> None:
+    """The control: what the command did before (the test above would fail without the fix)."""
+    off = "import contextlib; sys.modules['kgpipe.cli.main'].resend_swallowed_signals = contextlib.nullcontext"
+    script = textwrap.dedent(SCRIPT).format(sig=int(signal.SIGTERM), restore=off)
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Exception ignored" in done.stderr and "ran to the end" in done.stderr
+
+
+class _PrefectLikeTermination(BaseException):  # the shape of prefect's TerminationSignal
+    def __init__(self, signal: int) -> None:
+        self.signal = signal
+
+
+def test_the_signal_of_an_exception() -> None:
+    assert signal_of(KeyboardInterrupt()) == signal.SIGINT
+    assert signal_of(Terminated()) == signal.SIGTERM
+    assert signal_of(_PrefectLikeTermination(15)) == 15
+    assert signal_of(ValueError("signal")) is None
+    error = OSError()
+    error.signal = 15  # type: ignore[attr-defined]  # an Exception: never a signal's
+    assert signal_of(error) is None
+    assert signal_of(GeneratorExit()) is None and signal_of(None) is None
