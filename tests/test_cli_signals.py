@@ -50,7 +50,14 @@ def test_a_signal_swallowed_where_it_landed_still_ends_the_command_quietly(
 ) -> None:
     script = textwrap.dedent(SCRIPT).format(sig=int(sig), restore="")
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        # as a terminal runs it: a suite started in the background (CI) ignores SIGINT, and so
+        # would the command, which would then not even raise KeyboardInterrupt
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert done.returncode == status, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and "ran to the end" not in done.stderr, done.stderr
