@@ -51,6 +51,17 @@ def in_clean_up(sig):  # ending for that signal already: a second one lands in t
         time.sleep(0.3)
         print("cleaned up", file=sys.stderr)
 
+class SleepsWhileDeleted:
+    def __del__(self):
+        time.sleep(0.2)  # every signal (and every resend) lands here
+
+def keeps_swallowing(sig):  # the main thread spends its time where exceptions are swallowed
+    import threading
+    threading.Timer(0.1, os.kill, (os.getpid(), sig)).start()
+    for _ in range(15):
+        SleepsWhileDeleted()
+    print("ran to the end", file=sys.stderr)
+
 def run(args, console):
     {case}({sig})
     return 0
@@ -93,6 +104,16 @@ def test_a_second_signal_swallowed_in_the_clean_up_does_not_interrupt_it(tmp_pat
     assert done.returncode == 130, done.stderr[-3000:]
     assert "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-2:] == ["cleaned up", "interrupted"], done.stderr
+
+
+def test_a_signal_swallowed_again_and_again_is_reported_and_still_ends_the_command(
+    tmp_path: Path,
+) -> None:
+    done = _run(tmp_path, "keeps_swallowing", int(signal.SIGTERM))
+    assert done.returncode == 143, done.stderr[-3000:]
+    # the first swallows quietly sent again; after QUIET_RESENDS, reported as well
+    assert "Exception ignored in: <function SleepsWhileDeleted.__del__" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "terminated"
 
 
 def test_without_the_resend_the_swallowed_signal_is_lost(tmp_path: Path) -> None:

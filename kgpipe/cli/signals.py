@@ -106,7 +106,10 @@ def resend_swallowed_signals() -> Iterator[None]:
             previous(unraisable)
             return
         with pending.lock:
-            if signal_of(sys.exc_info()[1]) is not None or not pending.open:
+            if not pending.open:  # a stale hook, put back by another's restore: report it
+                previous(unraisable)
+                return
+            if signal_of(sys.exc_info()[1]) is not None:
                 return  # already ending for a signal: this one would interrupt the clean-up
             pending.swallowed += 1
             if pending.sig is None:
