@@ -64,6 +64,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "core",  # the graph and the model, as configured
         (
             "kgpipe.models.model",
+            "kgpipe.data.labels",
             "kgpipe.data.vocab",
             "kgpipe.data.benchmarks",
             "kgpipe.data.reading",

@@ -176,6 +176,7 @@ def test_s3_outage_during_staging(
 
     real_read = data_io.read_url
     real_write = Store.write_bytes
+    real_produced = Store.write_produced
 
     def read_url(url: str, *args: Any, **kwargs: Any) -> bytes:
         if when.startswith("reading") and url.endswith("outage/data/train.tsv"):
@@ -186,6 +187,11 @@ def test_s3_outage_during_staging(
         if when.startswith("writing") and rel == "entities.tsv":
             outage()
         real_write(self, rel, data)
+
+    def write_produced(self: Store, rel: str, *args: Any, **kwargs: Any) -> tuple[str, int]:
+        if when.startswith("writing") and rel == "entities.tsv":  # the vocabulary's writer
+            outage()
+        return real_produced(self, rel, *args, **kwargs)
 
     import kgpipe.data.columnar as columnar
 
@@ -199,6 +205,7 @@ def test_s3_outage_during_staging(
     data_io.read_url = read_url  # type: ignore[assignment]
     columnar.opened = opened  # type: ignore[assignment]
     Store.write_bytes = write_bytes  # type: ignore[method-assign]
+    Store.write_produced = write_produced  # type: ignore[method-assign]
     try:
         with caplog.at_level(logging.WARNING, logger="kgpipe.storage"):
             result = train(config("s3://kgpipe/outage/runs", "stormy", opts))
@@ -206,6 +213,7 @@ def test_s3_outage_during_staging(
         data_io.read_url = real_read  # type: ignore[assignment]
         columnar.opened = real_open  # type: ignore[assignment]
         Store.write_bytes = real_write  # type: ignore[method-assign]
+        Store.write_produced = real_produced  # type: ignore[method-assign]
         if "thread" in seen:
             seen["thread"].join()
     assert seen["restarted"] - seen["stopped"] >= 6

@@ -20,6 +20,7 @@ from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.formats.text import describe_delimiter
 from kgpipe.data.io import Fallback, read_bytes, reading_errors, split_compression
+from kgpipe.data.labels import Labels
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
@@ -149,7 +150,8 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         )
         for split, scan in scans.items()
     }
-    vocab = Vocabulary(entities=tuple(entities.to_pylist()), relations=tuple(relations.to_pylist()))
+    # the entity labels stay in their Arrow array (a tuple of Python strings is ~3x the size)
+    vocab = Vocabulary(entities=Labels(entities), relations=tuple(relations.to_pylist()))
 
     def where(split: str, index: int) -> tuple[int | None, str | None]:
         src = by_split[split]

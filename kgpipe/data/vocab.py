@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
 from kgpipe.data.io import read_bytes
+from kgpipe.data.labels import Labels
 from kgpipe.errors import DataError, KgpipeError
 from kgpipe.storage import RetryPolicy, Store
 
@@ -23,6 +24,7 @@ __all__ = ["WELL_KNOWN_PREFIXES", "Vocabulary", "escape_label", "local_name", "u
 _ESCAPES = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
 _ESCAPE_RE = re.compile(r"\\(.?)", re.DOTALL)
 _HINT_CANDIDATES = 20_000
+_WRITE_BLOCK = 1 << 16  # labels per write
 
 
 def escape_label(label: str) -> str:
@@ -52,7 +54,7 @@ def unescape_label(text: str) -> str:
     return _ESCAPE_RE.sub(sub, text)
 
 
-def _index(labels: tuple[str, ...], kind: str) -> dict[str, int]:
+def _index(labels: Sequence[str], kind: str) -> dict[str, int]:
     index = {label: i for i, label in enumerate(labels)}
     if len(index) != len(labels):
         seen: set[str] = set()
@@ -124,7 +126,7 @@ def _ambiguous(kind: str, text: str, found: Sequence[str]) -> KgpipeError:
 def _find(
     kind: str,
     text: str,
-    labels: tuple[str, ...],
+    labels: Sequence[str],
     index: Mapping[str, int],
     prefixes: Mapping[str, str] | None,
 ) -> int:
@@ -166,16 +168,20 @@ def _find(
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Entity and relation labels; the position of a label is its id."""
+    """Entity and relation labels; the position of a label is its id.
 
-    entities: tuple[str, ...]
-    relations: tuple[str, ...]
+    The labels are a tuple, or :class:`~kgpipe.data.labels.Labels` (an Arrow array: what the
+    columnar reader gives, a fraction of a tuple's memory); any other sequence becomes a tuple.
+    """
+
+    entities: Sequence[str]
+    relations: Sequence[str]
 
     def __post_init__(self) -> None:
-        if not isinstance(self.entities, tuple):
-            object.__setattr__(self, "entities", tuple(self.entities))
-        if not isinstance(self.relations, tuple):
-            object.__setattr__(self, "relations", tuple(self.relations))
+        for name in ("entities", "relations"):
+            labels = getattr(self, name)
+            if not isinstance(labels, tuple | Labels):
+                object.__setattr__(self, name, tuple(labels))
 
     @classmethod
     def from_labels(
@@ -269,9 +275,8 @@ class Vocabulary:
         except (OSError, ValueError, ImportError) as err:
             raise DataError(base, f"cannot create the vocabulary folder: {err}") from None
         for name, labels in (("entities.tsv", self.entities), ("relations.tsv", self.relations)):
-            body = "".join(f"{i}\t{escape_label(label)}\n" for i, label in enumerate(labels))
             try:
-                store.write_text(name, body)
+                store.write_produced(name, _label_lines(labels), size=0)
             except OSError as err:
                 raise DataError(store.url_of(name), f"cannot write: {err}") from None
 
@@ -293,6 +298,19 @@ class Vocabulary:
             entities=_read_labels(f"{base}/entities.tsv", storage_options, retry),
             relations=_read_labels(f"{base}/relations.tsv", storage_options, retry),
         )
+
+
+def _label_lines(labels: Sequence[str]) -> Callable[[str], None]:
+    """A writer of ``id<TAB>label`` lines to a local path, a block of labels at a time (the
+    lines of a large vocabulary are never one string)."""
+
+    def produce(path: str) -> None:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            for at in range(0, len(labels), _WRITE_BLOCK):
+                block = labels[at : at + _WRITE_BLOCK]
+                f.write("".join(f"{i}\t{escape_label(x)}\n" for i, x in enumerate(block, at)))
+
+    return produce
 
 
 def _read_labels(

@@ -7,6 +7,7 @@ models the inverse-relation rows are mapped the same way.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,7 +38,7 @@ class WarmStart:
         return {k: v for k, v in vars(self).items() if isinstance(v, int)}
 
 
-def _map(old: tuple[str, ...], new: tuple[str, ...]) -> tuple[Tensor, Tensor]:
+def _map(old: Sequence[str], new: Sequence[str]) -> tuple[Tensor, Tensor]:
     """(new ids, old ids) of the labels present in both."""
     where = {label: i for i, label in enumerate(old)}
     pairs = [(j, where[label]) for j, label in enumerate(new) if label in where]
