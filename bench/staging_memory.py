@@ -1,15 +1,17 @@
 """Staging's peak memory and time, code before against after: reading the splits into ids
-(``load_dataset``: the columnar reader, deduplication) and writing the shuffled training shards
-(``stage_shards``), as a run's staging does, in a fresh process per code tree and round.
+(``load_dataset``: the columnar reader, deduplication), writing the vocabulary and writing the
+shuffled training shards (``stage_shards``), as a run's staging does, in a fresh process per
+code tree and round.
 
 Generates a synthetic TSV graph once (``kgpipe synth``, kept in ``--graph``), then reports per
 tree: the seconds of each phase, the lines read per second, the process's peak resident set
-(``VmHWM``) after reading and at the end, and a digest of the shards written (the trees must
-write the same bytes).
+(``VmHWM``) after reading and at the end, and a digest of the shards and vocabulary written
+(the trees must write the same bytes). ``--budget 512MiB`` adds a run of the code after with
+``data.memory_budget`` set (its ids spilled to the temp folder).
 
     git worktree add /tmp/kgpipe-before REV
     .venv/bin/python bench/staging_memory.py --edges 10000000 --entities 2000000 \\
-        --before /tmp/kgpipe-before --rounds 2
+        --before /tmp/kgpipe-before --rounds 2 --budget 512MiB
 Results: bench/results/staging_memory_<edges>.json
 """
 
@@ -32,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = """
 import hashlib, json, sys, tempfile, time
-sys.path.insert(0, sys.argv[1])
+tree, _, budget = sys.argv[1].partition("::")
+sys.path.insert(0, tree)
 def status(key):
     for line in open("/proc/self/status"):
         if line.startswith(key + ":"):
@@ -43,8 +46,9 @@ from kgpipe.data.shards import stage_shards
 from kgpipe.storage import Store
 graph = sys.argv[2]
 start = status("VmRSS")
+extra = {"memory_budget": budget} if budget else {}
 cfg = DataConfig(train=graph + "/train.tsv", valid=graph + "/valid.tsv",
-                 test=graph + "/test.tsv", header=False)
+                 test=graph + "/test.tsv", header=False, **extra)
 t0 = time.perf_counter()
 data = load_dataset(cfg)
 read_s = time.perf_counter() - t0
@@ -52,10 +56,17 @@ read_peak = status("VmHWM")
 lines = sum(r.lines for r in data.reports.values())
 with tempfile.TemporaryDirectory(dir=sys.argv[3]) as tmp:
     t0 = time.perf_counter()
+    data.vocab.write(tmp + "/vocab")
+    vocab_s = time.perf_counter() - t0
+    vocab_peak = status("VmHWM")
+    t0 = time.perf_counter()
     manifest = stage_shards(data.train, Store(tmp), num_shards=16, seed=0)
     stage_s = time.perf_counter() - t0
-digest = hashlib.sha256("".join(manifest.sha256).encode()).hexdigest()
-print(json.dumps({"read_seconds": read_s, "stage_seconds": stage_s, "lines": lines,
+    sums = [hashlib.sha256(open(tmp + "/vocab/" + f, "rb").read()).hexdigest()
+            for f in ("entities.tsv", "relations.tsv")]
+digest = hashlib.sha256("".join([*manifest.sha256, *sums]).encode()).hexdigest()
+print(json.dumps({"read_seconds": read_s, "vocab_seconds": vocab_s, "vocab_peak": vocab_peak,
+                  "stage_seconds": stage_s, "lines": lines, "budget": budget or None,
                   "lines_per_s": lines / read_s, "start_rss": start,
                   "read_peak": read_peak, "peak": status("VmHWM"),
                   "train_triples": int(data.train.shape[0]), "entities": data.num_entities,
@@ -73,14 +84,18 @@ def main() -> None:
     p.add_argument("--before", help="a checkout of the code before")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--graph", default=None, help="keep the graph here (reused when it exists)")
+    p.add_argument("--budget", help="also run the code after with data.memory_budget so set")
     p.add_argument("--json")
     args = p.parse_args()
     graph = Path(args.graph or f"/tmp/kgpipe-staging-{args.edges}")
     synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
     trees = code_trees(args.before, ROOT)
+    if args.budget:
+        trees[f"after, memory_budget {args.budget}"] = f"{ROOT}::{args.budget}"
     with tempfile.TemporaryDirectory() as tmp:
         runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp], cwd=tmp)
-    keys = ("read_seconds", "stage_seconds", "lines_per_s", "read_peak", "peak")
+    keys = ("read_seconds", "vocab_seconds", "stage_seconds", "lines_per_s", "read_peak",
+            "vocab_peak", "peak")  # fmt: skip
     out: dict[str, Any] = {
         "hardware": hardware(),
         "commit": commit(),

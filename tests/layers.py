@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.data",
             "kgpipe.data.io",
             "kgpipe.data.columnar",
+            "kgpipe.data.dedup",
             "kgpipe.data.split",
             "kgpipe.data.synth",
             "kgpipe.data.formats",

@@ -150,14 +150,14 @@ def test_deduplication_in_parts_keeps_every_first_occurrence(
     first occurrences are those of one sort over every row, whatever the parts."""
     import numpy as np
 
-    import kgpipe.data.dataset as dataset
+    import kgpipe.data.dedup as dataset
 
     monkeypatch.setattr(dataset, "_DEDUP_PART", part)
     rng = np.random.default_rng(0)
     rows = np.stack(
         [rng.integers(0, 40, 3_000), rng.integers(0, 3, 3_000), rng.integers(0, 40, 3_000)], 1
     ).astype(dtype)
-    first = dataset._first_occurrences(rows, 40, 3)
+    first = dataset.first_occurrences(rows, 40, 3)
     seen: dict[tuple[int, ...], int] = {}
     for i, row in enumerate(map(tuple, rows.tolist())):
         seen.setdefault(row, i)
@@ -173,7 +173,7 @@ def test_deduplication_widens_int32_ids_before_it_forms_keys(
     would be dropped as a duplicate."""
     import numpy as np
 
-    import kgpipe.data.dataset as dataset
+    import kgpipe.data.dedup as dataset
 
     monkeypatch.setattr(dataset, "_DEDUP_PART", 500)
     rng = np.random.default_rng(1)
@@ -183,7 +183,7 @@ def test_deduplication_widens_int32_ids_before_it_forms_keys(
     ).astype(np.int32)
     rows[n // 2 :] = rows[: n // 2]  # every row twice
     rows[10], rows[20] = (5, 3, 9), (13, 3, 9)
-    first = dataset._first_occurrences(rows, 1 << 20, 4_096)
+    first = dataset.first_occurrences(rows, 1 << 20, 4_096)
     seen: dict[tuple[int, ...], int] = {}
     for i, row in enumerate(map(tuple, rows.tolist())):
         seen.setdefault(row, i)

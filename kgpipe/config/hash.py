@@ -29,7 +29,8 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
         data.pop(section, None)
     data["run"] = {"seed": config.run.seed}
     data["data"].pop("storage_options", None)
-    data["data"].pop("block_size", None)  # how the files are read, not what they hold
+    for key in ("block_size", "memory_budget", "spill_dir"):  # how the files are read, not
+        data["data"].pop(key, None)  # what they hold
     training = data["training"]
     # how the products are computed, not what is trained: a run may resume on another device,
     # where precision auto can resolve differently (and older runs have no precision at all)

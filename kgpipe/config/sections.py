@@ -151,6 +151,49 @@ class DataConfig(Frozen):
         ),
     )
 
+    memory_budget: str | None = Field(
+        default=None,
+        description=(
+            "Memory staging may use for a split's ids before deduplication and for "
+            "deduplicating them, and for the text mapped at a time (Dask's notation: `2GiB`). "
+            "A split that would need more has its ids written to `spill_dir` as they are read "
+            "and deduplicated from there, a group of heads at a time. Beyond it staging holds "
+            "the labels, the distinct triples (24 bytes each) and one byte a line. The columnar "
+            "reader (tab-separated files) only. Default: none (all in memory)."
+        ),
+    )
+    spill_dir: str | None = Field(
+        default=None,
+        description=(
+            "Local folder for the ids spilled under `memory_budget` (default: the system's "
+            "temp folder). The files have no name and are gone when staging ends."
+        ),
+    )
+
+    @field_validator("memory_budget")
+    @classmethod
+    def _budget(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from dask.utils import parse_bytes
+
+        try:
+            size = parse_bytes(str(value))
+        except (ValueError, TypeError):
+            raise ValueError(f"{value!r} is not a size (e.g. 2GiB, 512MB)") from None
+        if size < 1 << 24:
+            raise ValueError(f"data.memory_budget must be at least 16MiB, not {value!r}")
+        return str(value)
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        """``memory_budget`` in bytes (None: no budget)."""
+        if self.memory_budget is None:
+            return None
+        from dask.utils import parse_bytes
+
+        return int(parse_bytes(self.memory_budget))
+
     @field_validator("block_size")
     @classmethod
     def _block(cls, value: str) -> str:

@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import lzma
 import sys
-import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
@@ -46,16 +44,17 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 from fsspec.core import url_to_fs
 
+from kgpipe.data.dedup import SpilledIds
 from kgpipe.data.formats.header import HEADER_NAMES, is_column_name, normalize
-from kgpipe.data.io import Fallback, reading_errors, split_compression
+from kgpipe.data.io import Fallback, opened, reading_errors
 from kgpipe.endpoints import check_reachable
 from kgpipe.errors import DataError
-from kgpipe.retry import RetryPolicy, is_transient, retrying
+from kgpipe.retry import RetryPolicy, retrying
 
 __all__ = [
     "FileScan",
     "columnar_ids",
-    "opened",
+    "ids_dtype",
     "scan_file",
     "sorted_labels",
 ]
@@ -101,29 +100,6 @@ class _Hashing:
 
     def close(self) -> None:
         self.closed = True
-
-
-@contextlib.contextmanager
-def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
-    """The decompressed bytes of ``url``; read and decompression faults as :class:`DataError`."""
-    compression = split_compression(url)[1]
-    fs, path = url_to_fs(url, **(storage_options or {}))
-    with fs.open(path, "rb") as raw:
-        if compression is None:
-            yield raw
-            return
-        from fsspec.compression import compr
-
-        if compr.get(compression) is None:
-            raise DataError(url, f"cannot decompress ({compression}): its package is not installed")
-        try:
-            yield compr[compression](raw, mode="rb")
-        except (EOFError, zlib.error, lzma.LZMAError) as err:
-            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
-        except OSError as err:  # a corrupt stream; the store's own faults are retried or reported
-            if is_transient(err) or isinstance(err, FileNotFoundError | PermissionError):
-                raise
-            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
 
 
 def _remote(url: str) -> bool:
@@ -335,41 +311,54 @@ def columnar_ids(
     entities: pa.Array,
     relations: pa.Array,
     retry: RetryPolicy | None = None,
-) -> np.ndarray:
+    spill: SpilledIds | None = None,
+    buffer_bytes: int | None = None,
+) -> np.ndarray | SpilledIds:
     """The file's triples as ``[rows, 3]`` ids (positions in ``entities``/``relations``), in
     file order, duplicates included: ``int32`` where both label counts fit it (half the memory
-    of ``int64``, which the ids are widened to once duplicates are gone), else ``int64``."""
+    of ``int64``, which the ids are widened to once duplicates are gone), else ``int64``.
+
+    With ``spill`` (made with :func:`ids_dtype`'s type) the ids are appended to it as they are
+    mapped, and it is returned instead of an array; ``buffer_bytes`` bounds the text buffered
+    between two mappings (a memory budget's share)."""
     url = scan.url
 
     # index_in hashes the whole label set on every call: map at least that many rows per call
     # (blocks are buffered up to it), so the mapping costs O(rows), not O(rows x labels / block)
     at_once = max(len(entities), 1 << 20)
+    text_limit = buffer_bytes if buffer_bytes is not None else 1 << 62
 
-    def ids() -> np.ndarray:
-        fits = max(len(entities), len(relations)) <= np.iinfo(np.int32).max
-        out = np.empty((scan.rows, 3), dtype=np.int32 if fits else np.int64)
+    def ids() -> np.ndarray | SpilledIds:
+        dtype = ids_dtype(len(entities), len(relations))
+        out = np.empty((0 if spill else scan.rows, 3), dtype=dtype)
+        if spill is not None:
+            spill.reset()
         pos = 0
         skip = scan.header
         pending: list[tuple[pa.Array, pa.Array, pa.Array]] = []
-        buffered = 0
+        buffered = text = 0
 
         def flush() -> bool:
-            nonlocal pos, buffered
+            nonlocal pos, buffered, text
             if not pending:
                 return True
             h, r, t = (pa.concat_arrays(list(cols)) for cols in zip(*pending, strict=True))
             pending.clear()
-            k, buffered = len(h), 0
+            k, buffered, text = len(h), 0, 0
             if pos + k > scan.rows:
                 return False
             both = pc.index_in(pa.chunked_array([h, t]), value_set=entities)
             rel = pc.index_in(r, value_set=relations)
             if both.null_count or rel.null_count:
                 return False
+            del h, r, t
             both_np = both.to_numpy()
-            out[pos : pos + k, 0] = both_np[:k]
-            out[pos : pos + k, 2] = both_np[k:]
-            out[pos : pos + k, 1] = rel.to_numpy(zero_copy_only=False)
+            block = np.empty((k, 3), dtype=dtype) if spill is not None else out[pos : pos + k]
+            block[:, 0] = both_np[:k]
+            block[:, 2] = both_np[k:]
+            block[:, 1] = rel.to_numpy(zero_copy_only=False)
+            if spill is not None:
+                spill.write(block)
             pos += k
             return True
 
@@ -380,12 +369,19 @@ def columnar_ids(
                     h, r, t, skip = h[1:], r[1:], t[1:], False
                 pending.append((h, r, t))
                 buffered += len(h)
-                if buffered >= at_once and not flush():
+                text += h.nbytes + r.nbytes + t.nbytes
+                if (buffered >= at_once or text >= text_limit) and not flush():
                     break
             else:
                 if flush() and pos == scan.rows and f.sha.hexdigest() == scan.sha256:
-                    return out
+                    return spill if spill is not None else out
         raise DataError(url, "the file changed while it was being read; stage it again")
 
-    result: np.ndarray = _retried(url, storage_options, retry, ids)
+    result: np.ndarray | SpilledIds = _retried(url, storage_options, retry, ids)
     return result
+
+
+def ids_dtype(entities: int, relations: int) -> np.dtype:
+    """``int32`` where both label counts fit it, else ``int64``."""
+    fits = max(entities, relations) <= np.iinfo(np.int32).max
+    return np.dtype(np.int32 if fits else np.int64)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -11,6 +12,7 @@ import torch
 
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import SPLITS
+from kgpipe.data.dedup import SpilledIds, first_occurrences, spilled_first_occurrences
 from kgpipe.data.reading import Parsed, read_splits, sources
 from kgpipe.data.split import split_record, split_triples
 from kgpipe.data.vocab import Vocabulary
@@ -133,56 +135,6 @@ def _header_note(rep: SplitReport) -> str:
     return ""
 
 
-#: rows per part of the deduplication (its temporaries are a few times a part's keys)
-_DEDUP_PART = 1 << 22
-
-
-def _first_occurrences(rows: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
-    """Sorted indices of the first occurrence of every distinct row of an ``[n, 3]`` array.
-
-    Duplicates share their head, so the rows are deduplicated a part at a time, parts being the
-    heads modulo the number of parts: the sort's temporaries are those of one part (~4M rows),
-    not of all rows. Each part keeps the first of equal keys (a stable sort), and a part's
-    indices ascend, so what it keeps is the first occurrence in the whole array."""
-    n = len(rows)
-    if n == 0:
-        return np.arange(0, dtype=np.int64)
-    if num_entities * num_entities * max(num_relations, 1) >= 2**62:
-        _, first = np.unique(rows, axis=0, return_index=True)
-        first.sort()
-        return first
-    parts = max(1, -(-n // _DEDUP_PART))
-    if parts == 1:
-        return _firsts(rows, num_entities, num_relations)
-    part = np.empty(n, dtype=np.int16 if parts < 2**15 else np.int32)
-    for at in range(0, n, _DEDUP_PART):  # no temporary of n wide integers
-        np.remainder(
-            rows[at : at + _DEDUP_PART, 0], parts, out=part[at : at + _DEDUP_PART], casting="unsafe"
-        )
-    keep = np.zeros(n, dtype=bool)
-    for p in range(parts):
-        index = np.flatnonzero(part == p)
-        keep[index[_firsts(rows[index], num_entities, num_relations)]] = True
-        del index
-    del part
-    return np.flatnonzero(keep)
-
-
-def _firsts(rows: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
-    """:func:`_first_occurrences` of rows whose ids fit one ``int64`` key."""
-    if len(rows) == 0:
-        return np.arange(0, dtype=np.int64)
-    keys = rows[:, 0].astype(np.int64)  # one array of n keys, in place from here
-    keys *= num_relations
-    keys += rows[:, 1]
-    keys *= num_entities
-    keys += rows[:, 2]
-    _, first = np.unique(keys, return_index=True)
-    del keys
-    first.sort()
-    return first
-
-
 def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> TripleDataset:
     """Read, parse and index the splits described by ``cfg``.
 
@@ -209,11 +161,11 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     reports: dict[str, SplitReport] = {}
     for split in list(parsed.rows):
         src = by_split[split]
-        rows = parsed.rows.pop(split)  # one copy of a split's ids at a time
-        first = _first_occurrences(rows, full.num_entities, full.num_relations)
-        duplicates = len(rows) - len(first)
-        if duplicates:
-            rows = rows[first]
+        ids = parsed.rows.pop(split)  # one split's ids at a time
+        read = ids.written if isinstance(ids, SpilledIds) else len(ids)
+        rows, first = _deduplicated(ids, full, cfg)
+        del ids
+        duplicates = read - len(rows)
         unseen = 0
         action = "n/a"
         if split != "train":
@@ -225,7 +177,7 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
             )
             unseen = int(mask.sum())
             if unseen and action == "error":
-                _raise_unseen(src.url, parsed, split, rows, first, mask, n_train_entities, unseen)
+                _raise_unseen(src.url, parsed, split, rows, first(), mask, n_train_entities, unseen)
             if unseen and action == "drop":
                 rows = rows[~mask]
         tensors[split] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
@@ -269,6 +221,22 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
         fingerprint=fingerprint.hexdigest(),
         split=split_info,
     )
+
+
+def _deduplicated(
+    ids: np.ndarray | SpilledIds, vocab: Vocabulary, cfg: DataConfig
+) -> tuple[np.ndarray, Callable[[], np.ndarray]]:
+    """A split's distinct rows in file order, and a function giving the lines they were on."""
+    ne, nr = vocab.num_entities, vocab.num_relations
+    if isinstance(ids, SpilledIds):
+        assert cfg.memory_budget_bytes is not None
+        try:
+            rows, kept = spilled_first_occurrences(ids, ne, nr, cfg.memory_budget_bytes)
+        finally:
+            ids.close()
+        return rows, lambda: np.flatnonzero(kept)
+    first = first_occurrences(ids, ne, nr)
+    return (ids[first] if len(first) < len(ids) else ids), lambda: first
 
 
 def _split(

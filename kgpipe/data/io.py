@@ -1,7 +1,8 @@
-"""Reading whole files from any fsspec URL, decompressed by extension.
+"""Reading files from any fsspec URL, decompressed by extension: whole (:func:`read_bytes`, for
+the line parser) or as a stream (:func:`opened`, for the columnar reader).
 
-Graphs of up to a few hundred MB are read into memory at once: this keeps checksums and
-line-numbered error messages simple and is faster than streaming for the sizes involved.
+The line parser reads a graph into memory at once: this keeps checksums and line-numbered error
+messages simple and is faster than streaming for the sizes it is used for.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ import gzip
 import lzma
 import zlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import IO, Any
+
+from fsspec.core import url_to_fs
 
 from kgpipe.errors import DataError, StorageAccessDenied, StorageError
+from kgpipe.retry import is_transient
 from kgpipe.storage import RetryPolicy, read_url
 
 __all__ = [
     "COMPRESSIONS",
     "Fallback",
     "decompress",
+    "opened",
     "read_bytes",
     "reading_errors",
     "split_compression",
@@ -157,3 +162,26 @@ def read_bytes(
     with reading_errors(url):
         raw = read_url(url, storage_options, retry=retry)
     return decompress(raw, split_compression(url)[1], source=url)
+
+
+@contextlib.contextmanager
+def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
+    """The decompressed bytes of ``url``; read and decompression faults as :class:`DataError`."""
+    compression = split_compression(url)[1]
+    fs, path = url_to_fs(url, **(storage_options or {}))
+    with fs.open(path, "rb") as raw:
+        if compression is None:
+            yield raw
+            return
+        from fsspec.compression import compr
+
+        if compr.get(compression) is None:
+            raise DataError(url, f"cannot decompress ({compression}): its package is not installed")
+        try:
+            yield compr[compression](raw, mode="rb")
+        except (EOFError, zlib.error, lzma.LZMAError) as err:
+            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
+        except OSError as err:  # a corrupt stream; the store's own faults are retried or reported
+            if is_transient(err) or isinstance(err, FileNotFoundError | PermissionError):
+                raise
+            raise DataError(url, f"cannot decompress ({compression}): {err}") from None

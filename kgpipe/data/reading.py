@@ -15,11 +15,18 @@ import pyarrow.compute as pc
 
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
-from kgpipe.data.columnar import FileScan, columnar_ids, opened, scan_file, sorted_labels
+from kgpipe.data.columnar import (
+    FileScan,
+    columnar_ids,
+    ids_dtype,
+    scan_file,
+    sorted_labels,
+)
+from kgpipe.data.dedup import SpilledIds, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.formats.text import describe_delimiter
-from kgpipe.data.io import Fallback, read_bytes, reading_errors, split_compression
+from kgpipe.data.io import Fallback, opened, read_bytes, reading_errors, split_compression
 from kgpipe.data.labels import Labels
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
@@ -59,7 +66,8 @@ def sources(cfg: DataConfig) -> list[Source]:
 class Parsed:
     """Every split as ids in file order (duplicates included), with what the report needs."""
 
-    rows: dict[str, np.ndarray]  # [n, 3] int64, or int32 from the columnar reader
+    #: [n, 3] int64, or int32 from the columnar reader; in a file within ``data.memory_budget``
+    rows: dict[str, np.ndarray | SpilledIds]
     lines: dict[str, int]  # triples read (+ literal statements dropped)
     literals_dropped: dict[str, int]
     digests: dict[str, str]
@@ -138,7 +146,16 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     extra_r = [s.relations for k, s in scans.items() if k != "train"]
     entities = _ordered(train.entities, extra_e)
     relations = _ordered(train.relations, extra_r)
-    rows = {
+    budget = cfg.memory_budget_bytes
+    dtype = ids_dtype(len(entities), len(relations))
+
+    def spill(scan: FileScan) -> SpilledIds | None:
+        """A file for the ids of a split whose deduplication in memory would pass the budget."""
+        if budget is None or in_memory_bytes(scan.rows) <= budget:
+            return None
+        return SpilledIds(scan.url, scan.rows, dtype, cfg.spill_dir)
+
+    rows: dict[str, np.ndarray | SpilledIds] = {
         split: columnar_ids(
             scan,
             by_split[split].storage_options,
@@ -147,9 +164,12 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
             entities=entities,
             relations=relations,
             retry=retry,
+            spill=spill(scan),
+            buffer_bytes=None if budget is None else budget // 4,
         )
         for split, scan in scans.items()
     }
+    pa.default_memory_pool().release_unused()  # the blocks' memory, back to the system
     # the entity labels stay in their Arrow array (a tuple of Python strings is ~3x the size)
     vocab = Vocabulary(entities=Labels(entities), relations=tuple(relations.to_pylist()))
 
@@ -257,7 +277,7 @@ def _read_lines(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
             extra_relations.update(lt.relations)
     full = Vocabulary.from_labels(train_entities, train_relations, extra_entities, extra_relations)
     ent_index, rel_index = full.entity_index, full.relation_index
-    rows = {
+    rows: dict[str, np.ndarray | SpilledIds] = {
         split: np.stack(
             [_ids(lt.heads, ent_index), _ids(lt.relations, rel_index), _ids(lt.tails, ent_index)],
             axis=1,
