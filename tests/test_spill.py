@@ -213,3 +213,23 @@ def test_the_budget_is_a_size_and_not_part_of_the_hash() -> None:
         {"data": {"train": "t.tsv", "memory_budget": "1GiB", "spill_dir": "/scratch"}}
     )
     assert hashed_view(plain) == hashed_view(budgeted)
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_a_label_that_was_not_there_at_the_scan_is_a_changed_file(
+    tmp_path: Path, spill: bool
+) -> None:
+    """The labels of a mapped block are looked up among the scan's labels: one that is not
+    there (the file was rewritten in between) stops the read."""
+    from kgpipe.data.columnar import columnar_ids, scan_file, sorted_labels
+
+    path = tmp_path / "train.tsv"
+    path.write_text("a\tr\tb\nb\tr\tc\n")
+    scan = scan_file(str(path), None, delimiter="\t", header=False, block_size=1 << 16)
+    ents, rels = sorted_labels(scan.entities), sorted_labels(scan.relations)
+    path.write_text("a\tr\tb\nb\tr\tz\n")  # the same size, another label
+    ids = dedup.SpilledIds(str(path), 2, np.dtype(np.int32), str(tmp_path)) if spill else None
+    with pytest.raises(DataError, match="changed while it was being read"):
+        columnar_ids(
+            scan, None, delimiter="\t", block_size=1 << 16, entities=ents, relations=rels, spill=ids
+        )

@@ -24,6 +24,7 @@ from kgpipe.retry import is_out_of_space
 __all__ = [
     "SpilledIds",
     "first_occurrences",
+    "ids_dtype",
     "in_memory_bytes",
     "spilled_first_occurrences",
 ]
@@ -41,6 +42,12 @@ _GROUP_ROW = 80
 #: the mask (1) and the positions selected (8)
 _BLOCK_LINE = 25
 _MIN_ROWS = 1 << 16
+
+
+def ids_dtype(entities: int, relations: int) -> np.dtype:
+    """``int32`` where both label counts fit it, else ``int64``."""
+    fits = max(entities, relations) <= np.iinfo(np.int32).max
+    return np.dtype(np.int32 if fits else np.int64)
 
 
 def in_memory_bytes(lines: int) -> int:

@@ -18,11 +18,10 @@ from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name,
 from kgpipe.data.columnar import (
     FileScan,
     columnar_ids,
-    ids_dtype,
     scan_file,
     sorted_labels,
 )
-from kgpipe.data.dedup import SpilledIds, in_memory_bytes
+from kgpipe.data.dedup import SpilledIds, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.formats.text import describe_delimiter
@@ -33,6 +32,11 @@ from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
 
 __all__ = ["Parsed", "Source", "read_splits", "sources"]
+
+#: under ``data.memory_budget`` a block is at most this fraction of it (at 100M lines the blocks
+#: in flight took ~3 GB at 64 MiB, ~1 GB at 8 MiB: docs/benchmarks.md)
+_BLOCKS_IN_BUDGET = 64
+_MIN_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,8 @@ def _check_benchmark(src: Source, digest: str) -> None:
 
 def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
     block = cfg.block_size_bytes
+    if cfg.memory_budget_bytes is not None:  # pyarrow reads ahead: many blocks are in flight
+        block = min(block, max(_MIN_BLOCK, cfg.memory_budget_bytes // _BLOCKS_IN_BUDGET))
     scans: dict[str, FileScan] = {}
     by_split = {src.split: src for src in srcs}
     for src in srcs:
