@@ -155,7 +155,8 @@ class DataConfig(Frozen):
         default=None,
         description=(
             "Memory staging may use for a split's ids before deduplication and for "
-            "deduplicating them, and for the text mapped at a time (Dask's notation: `2GiB`). "
+            "deduplicating them, and for the text mapped at a time (Dask's notation: `2GiB`); "
+            "the blocks read are then at most 1/64 of it. "
             "A split that would need more has its ids written to `spill_dir` as they are read "
             "and deduplicated from there, a group of heads at a time. Beyond it staging holds "
             "the labels, the distinct triples (24 bytes each) and one byte a line. The columnar "
