@@ -143,11 +143,12 @@ class DataConfig(Frozen):
         default_factory=dict, description="fsspec storage options for the data URLs."
     )
     block_size: str = Field(
-        default="64MiB",
+        default="8MiB",
         description=(
             "Text read and parsed at a time by the columnar reader of tab-separated files (Dask's "
-            "notation: `64MiB`, `1GB`): staging holds one block, the distinct labels and the "
-            "int64 ids of the triples, never a Python string per field."
+            "notation: `8MiB`, `64MB`); pyarrow reads several blocks ahead. Staging holds the "
+            "blocks in flight, the distinct labels and the ids of the triples, never a Python "
+            "string per field."
         ),
     )
 
