@@ -25,6 +25,7 @@ def test_labels_read_as_the_tuple(monkeypatch: pytest.MonkeyPatch) -> None:
     assert len(got) == len(want)
     assert list(got) == list(want)
     assert got == want and want == got and got == _labels(values)
+    assert got == Labels(pa.array(values, pa.string()))  # another string type, the same labels
     assert got != want[:-1] and got != (*want[:-1], "x")
     assert [got[i] for i in range(-len(want), len(want))] == [
         want[i] for i in range(-len(want), len(want))

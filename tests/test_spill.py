@@ -18,7 +18,7 @@ import kgpipe.data.reading as reading
 from kgpipe.config import DataConfig, RunConfig
 from kgpipe.config.hash import hashed_view
 from kgpipe.data.dataset import load_dataset
-from kgpipe.errors import DataError, StorageFull
+from kgpipe.errors import DataError, StorageError, StorageFull
 
 
 def _brute_force(rows: np.ndarray) -> list[int]:
@@ -139,7 +139,6 @@ def test_staging_within_a_budget_equals_staging_in_memory(
     assert plain.reports == budgeted.reports
     assert plain.reports["train"].duplicates > 0 and plain.reports["train"].header
     assert plain.fingerprint == budgeted.fingerprint
-    assert list(spill_dir.iterdir()) == []
 
 
 def test_an_unseen_label_is_named_with_its_line_when_spilled(
@@ -174,14 +173,88 @@ def test_a_full_spill_folder_is_one_message(
         def __getattr__(self, name: str) -> Any:
             return getattr(self._f, name)
 
-    monkeypatch.setattr(dedup.tempfile, "TemporaryFile", lambda **kw: Full(real(**kw)))
+    made: list[Any] = []
+
+    def temporary(**kw: Any) -> Any:
+        made.append(Full(real(**kw)))
+        return made[-1]
+
+    monkeypatch.setattr(dedup.tempfile, "TemporaryFile", temporary)
     spill_dir = tmp_path / "spill"
     spill_dir.mkdir()
     cfg = DataConfig(**files, memory_budget="16MiB", spill_dir=str(spill_dir))
     with pytest.raises(StorageFull, match=r"point data\.spill_dir at a larger disk") as err:
         load_dataset(cfg)
     assert f"{spill_dir}: no space left to spill the ids of {files['train']}" in str(err.value)
-    assert list(spill_dir.iterdir()) == []
+    assert made and all(f.closed for f in made)  # its disk space now, not at garbage collection
+
+
+def test_a_spill_folder_that_cannot_be_written_is_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    files = _graph(tmp_path)
+    _spilling(monkeypatch, [])
+    missing = tmp_path / "no-such-folder"
+    with pytest.raises(StorageError, match=r"set data\.spill_dir to a writable local folder"):
+        load_dataset(DataConfig(**files, memory_budget="16MiB", spill_dir=str(missing)))
+
+
+def test_spill_files_are_closed_when_a_later_split_fails(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The train split spilled, then valid has an unseen label (unseen: error): the spill files
+    of every split are closed as the error leaves staging."""
+    files = _graph(tmp_path)
+    with open(files["valid"], "a") as f:
+        f.write("e1\tr1\tnever\n")
+    _spilling(monkeypatch, [])
+    closed: list[str] = []
+    real_close = dedup.SpilledIds.close
+
+    def close(self: Any) -> None:
+        closed.append(Path(self.url).name)
+        real_close(self)
+
+    monkeypatch.setattr(dedup.SpilledIds, "close", close)
+    with pytest.raises(DataError, match="not in train"):
+        load_dataset(DataConfig(**files, unseen="error", memory_budget="16MiB"))
+    assert sorted(set(closed)) == ["test.tsv", "train.tsv", "valid.tsv"]
+
+
+def test_the_line_parser_under_a_budget_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "train.nt"
+    path.write_text("<a> <r> <b> .\n<b> <r> <c> .\n")
+    with caplog.at_level("WARNING", logger="kgpipe.data"):
+        load_dataset(DataConfig(train=str(path), memory_budget="64MiB"))
+    assert "read by the line parser" in caplog.text and str(path) in caplog.text
+
+
+@pytest.mark.parametrize("spill", [False, True])
+def test_mapping_in_many_buffers_equals_one(tmp_path: Path, spill: bool) -> None:
+    """Blocks of 4 KiB, each mapped on its own (a 1-byte text budget): the ids of one mapping."""
+    from kgpipe.data.columnar import columnar_ids, scan_file, sorted_labels
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "train.tsv"
+    n = 20_000
+    heads, rels, tails = rng.integers(0, 900, n), rng.integers(0, 7, n), rng.integers(0, 900, n)
+    path.write_text(
+        "".join(f"e{h}\tr{r}\te{t}\n" for h, r, t in zip(heads, rels, tails, strict=True))
+    )
+    scan = scan_file(str(path), None, delimiter="\t", header=False, block_size=1 << 16)
+    ents, rels_ = sorted_labels(scan.entities), sorted_labels(scan.relations)
+    whole = columnar_ids(scan, None, delimiter="\t", block_size=1 << 20, entities=ents,
+                         relations=rels_)  # fmt: skip
+    ids = dedup.SpilledIds(str(path), n, np.dtype(np.int32), str(tmp_path)) if spill else None
+    small = columnar_ids(scan, None, delimiter="\t", block_size=4096, entities=ents,
+                         relations=rels_, spill=ids, buffer_bytes=1)  # fmt: skip
+    if isinstance(small, dedup.SpilledIds):
+        small = np.concatenate([b for _, b in small.blocks(777)])
+    assert isinstance(whole, np.ndarray) and np.array_equal(small, whole)
+    labels = ents.to_pylist()
+    assert [labels[i] for i in whole[:5, 0]] == [f"e{h}" for h in heads[:5]]
 
 
 def test_a_read_retried_from_the_start_spills_again(tmp_path: Path) -> None:

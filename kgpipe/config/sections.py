@@ -159,16 +159,19 @@ class DataConfig(Frozen):
             "deduplicating them, and for the text mapped at a time (Dask's notation: `2GiB`); "
             "the blocks read are then at most 1/64 of it. "
             "A split that would need more has its ids written to `spill_dir` as they are read "
-            "and deduplicated from there, a group of heads at a time. Beyond it staging holds "
-            "the labels, the distinct triples (24 bytes each) and one byte a line. The columnar "
-            "reader (tab-separated files) only. Default: none (all in memory)."
+            "and deduplicated from there, a group of heads at a time (a split under it stays in "
+            "memory). Beyond it staging holds the labels, the distinct triples (24 bytes each), "
+            "one byte a line and label-sized temporaries. The columnar reader (tab-separated "
+            "files without `columns` or `header: true`) only; other files are read whole, with a "
+            "warning. Default: none (all in memory)."
         ),
     )
     spill_dir: str | None = Field(
         default=None,
         description=(
             "Local folder for the ids spilled under `memory_budget` (default: the system's "
-            "temp folder). The files have no name and are gone when staging ends."
+            "temp folder). The files have no name: they are closed, and gone, as staging ends or "
+            "fails, and with the process however it ends."
         ),
     )
 

@@ -12,8 +12,13 @@ import torch
 
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import SPLITS
-from kgpipe.data.dedup import SpilledIds, first_occurrences, spilled_first_occurrences
-from kgpipe.data.reading import Parsed, read_splits, sources
+from kgpipe.data.dedup import (
+    SpilledIds,
+    close_all,
+    first_occurrences,
+    spilled_first_occurrences,
+)
+from kgpipe.data.reading import Parsed, Source, read_splits, sources
 from kgpipe.data.split import split_record, split_triples
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
@@ -154,6 +159,13 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     srcs = sources(cfg)
     by_split = {src.split: src for src in srcs}
     parsed = read_splits(srcs, cfg, retry)
+    try:
+        return _load(cfg, by_split, parsed)
+    finally:  # spilled ids a failure left unread
+        close_all([ids for ids in parsed.rows.values() if isinstance(ids, SpilledIds)])
+
+
+def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> TripleDataset:
     full = parsed.vocab
     n_train_entities, n_train_relations = parsed.train_entities, parsed.train_relations
 

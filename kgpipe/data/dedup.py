@@ -18,11 +18,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from kgpipe.errors import StorageFull
+from kgpipe.errors import StorageError, StorageFull
 from kgpipe.retry import is_out_of_space
 
 __all__ = [
     "SpilledIds",
+    "close_all",
     "first_occurrences",
     "ids_dtype",
     "in_memory_bytes",
@@ -117,7 +118,11 @@ class SpilledIds:
         try:
             self._file = tempfile.TemporaryFile(prefix="kgpipe-ids-", dir=self.folder)  # noqa: SIM115
         except OSError as err:
-            raise StorageFull(f"{self.folder}: cannot spill the ids of {url}: {err}") from None
+            kind = StorageFull if is_out_of_space(err) else StorageError
+            raise kind(
+                f"{self.folder}: cannot spill the ids of {url} there ({err.strerror or err}); "
+                "set data.spill_dir to a writable local folder"
+            ) from None
         self.written = 0
 
     def reset(self) -> None:
@@ -138,7 +143,9 @@ class SpilledIds:
                     f"({self.lines * 3 * self.dtype.itemsize:,} bytes); point data.spill_dir at "
                     "a larger disk, or raise data.memory_budget"
                 ) from None
-            raise
+            raise StorageError(  # not the input's fault, and not worth a retry of the read
+                f"{self.folder}: cannot spill the ids of {self.url}: {err}"
+            ) from None
         self.written += len(block)
 
     def blocks(self, rows: int) -> Iterator[tuple[int, np.ndarray]]:
@@ -161,6 +168,12 @@ class SpilledIds:
 
     def __len__(self) -> int:
         return self.lines
+
+
+def close_all(spilled: list[SpilledIds]) -> None:
+    """Close every one of ``spilled`` (their space is the disk's again)."""
+    for ids in spilled:
+        ids.close()
 
 
 def spilled_first_occurrences(

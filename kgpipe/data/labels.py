@@ -64,7 +64,7 @@ class Labels(Sequence[str]):
             yield from self._array.slice(at, _CHUNK).to_pylist()
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Labels):
+        if isinstance(other, Labels) and self._array.type == other._array.type:
             return len(self) == len(other) and bool(self._array.equals(other._array))
         if isinstance(other, Sequence) and not isinstance(other, str | bytes):
             return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import hashlib
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from kgpipe.data.columnar import (
     scan_file,
     sorted_labels,
 )
-from kgpipe.data.dedup import SpilledIds, ids_dtype, in_memory_bytes
+from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.formats.text import describe_delimiter
@@ -36,6 +37,7 @@ __all__ = ["Parsed", "Source", "read_splits", "sources"]
 #: under ``data.memory_budget`` a block is at most this fraction of it (at 100M lines the blocks
 #: in flight took ~3 GB at 64 MiB, ~1 GB at 8 MiB: docs/benchmarks.md)
 _BLOCKS_IN_BUDGET = 64
+_log = logging.getLogger("kgpipe.data")
 _MIN_BLOCK = 1 << 20
 
 
@@ -91,6 +93,12 @@ def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
             return _read_columnar(srcs, cfg, retry)
         except Fallback:
             pass
+    if cfg.memory_budget is not None:
+        _log.warning(
+            "data.memory_budget applies to the columnar reader of tab-separated files; %s is "
+            "read by the line parser, which holds whole files in memory",
+            ", ".join(src.url for src in srcs),
+        )
     return _read_lines(srcs, cfg, retry)
 
 
@@ -161,20 +169,27 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
             return None
         return SpilledIds(scan.url, scan.rows, dtype, cfg.spill_dir)
 
-    rows: dict[str, np.ndarray | SpilledIds] = {
-        split: columnar_ids(
-            scan,
-            by_split[split].storage_options,
-            delimiter="\t" if by_split[split].benchmark else _delimiter(cfg),
-            block_size=block,
-            entities=entities,
-            relations=relations,
-            retry=retry,
-            spill=spill(scan),
-            buffer_bytes=None if budget is None else budget // 4,
-        )
-        for split, scan in scans.items()
-    }
+    rows: dict[str, np.ndarray | SpilledIds] = {}
+    spilled: list[SpilledIds] = []
+    try:
+        for split, scan in scans.items():
+            target = spill(scan)
+            if target is not None:
+                spilled.append(target)
+            rows[split] = columnar_ids(
+                scan,
+                by_split[split].storage_options,
+                delimiter="\t" if by_split[split].benchmark else _delimiter(cfg),
+                block_size=block,
+                entities=entities,
+                relations=relations,
+                retry=retry,
+                spill=target,
+                buffer_bytes=None if budget is None else budget // 4,
+            )
+    except BaseException:
+        close_all(spilled)  # their disk space now, not when the traceback is dropped
+        raise
     pa.default_memory_pool().release_unused()  # the blocks' memory, back to the system
     # the entity labels stay in their Arrow array (a tuple of Python strings is ~3x the size)
     vocab = Vocabulary(entities=Labels(entities), relations=tuple(relations.to_pylist()))
