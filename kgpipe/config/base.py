@@ -100,3 +100,14 @@ def redacted_options(value: Any) -> Any:
     """Validator of storage options read back from a config's JSON form: drop the markers, so
     credentials come from the environment."""
     return clean_storage_options(value) if isinstance(value, Mapping) else value
+
+
+def byte_size(value: object, *, what: str = "size", example: str = "64MiB, 256MB") -> int:
+    """``value`` in bytes, in Dask's notation (``3GiB``, ``1.5GB``, a number of bytes); a
+    ``ValueError`` naming it when it is not one. dask.utils is loaded only when a size is read."""
+    from dask.utils import parse_bytes
+
+    try:
+        return int(parse_bytes(str(value)))
+    except (ValueError, TypeError):
+        raise ValueError(f"{value!r} is not a {what} (e.g. {example})") from None

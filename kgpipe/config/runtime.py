@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from kgpipe.config.base import Frozen, Registered
+from kgpipe.config.base import Frozen, Registered, byte_size
 from kgpipe.distributed.clusters import CLUSTERS, is_address
 
 __all__ = ["CheckpointConfig", "DistributedConfig", "FaultToleranceConfig"]
@@ -124,24 +124,14 @@ class DistributedConfig(Frozen):
     def _memory(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from dask.utils import parse_bytes  # only configs that set a limit load dask.utils
-
-        try:
-            size = parse_bytes(str(value))
-        except (ValueError, TypeError):
-            raise ValueError(f"{value!r} is not a memory size (e.g. 3GiB, 1.5GB, 500MB)") from None
-        if size <= 0:
+        if byte_size(value, what="memory size", example="3GiB, 1.5GB, 500MB") <= 0:
             raise ValueError(f"a memory limit must be positive, not {value!r}")
         return str(value)
 
     @property
     def memory_limit_bytes(self) -> int | None:
         """``memory_limit`` in bytes (None: Dask's default)."""
-        if self.memory_limit is None:
-            return None
-        from dask.utils import parse_bytes
-
-        return int(parse_bytes(self.memory_limit))
+        return None if self.memory_limit is None else byte_size(self.memory_limit)
 
     @property
     def uses_dask(self) -> bool:

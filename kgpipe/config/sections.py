@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_serializer, field_validator, model_validator
 
-from kgpipe.config.base import Frozen, Registered, redact, redacted_options
+from kgpipe.config.base import Frozen, Registered, byte_size, redact, redacted_options
 from kgpipe.data.formats import FORMATS
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.training.regularizers import REGULARIZERS
@@ -180,44 +180,26 @@ class DataConfig(Frozen):
     def _budget(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        from dask.utils import parse_bytes
-
-        try:
-            size = parse_bytes(str(value))
-        except (ValueError, TypeError):
-            raise ValueError(f"{value!r} is not a size (e.g. 2GiB, 512MB)") from None
-        if size < 1 << 24:
+        if byte_size(value, example="2GiB, 512MB") < 1 << 24:
             raise ValueError(f"data.memory_budget must be at least 16MiB, not {value!r}")
         return str(value)
 
     @property
     def memory_budget_bytes(self) -> int | None:
         """``memory_budget`` in bytes (None: no budget)."""
-        if self.memory_budget is None:
-            return None
-        from dask.utils import parse_bytes
-
-        return int(parse_bytes(self.memory_budget))
+        return None if self.memory_budget is None else byte_size(self.memory_budget)
 
     @field_validator("block_size")
     @classmethod
     def _block(cls, value: str) -> str:
-        from dask.utils import parse_bytes
-
-        try:
-            size = parse_bytes(str(value))
-        except (ValueError, TypeError):
-            raise ValueError(f"{value!r} is not a size (e.g. 64MiB, 256MB)") from None
-        if not 1 << 16 <= size < 1 << 31:
+        if not 1 << 16 <= byte_size(value) < 1 << 31:
             raise ValueError(f"data.block_size must be from 64KiB to below 2GiB, not {value!r}")
         return str(value)
 
     @property
     def block_size_bytes(self) -> int:
         """``block_size`` in bytes."""
-        from dask.utils import parse_bytes
-
-        return int(parse_bytes(self.block_size))
+        return byte_size(self.block_size)
 
     @field_serializer("storage_options", when_used="json")
     def _hide_secrets(self, value: dict[str, Any]) -> Any:
