@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from kgpipe.models.model import KGEModel
-from kgpipe.query_candidates import QueryCandidates
+from kgpipe.query_candidates import Candidates
 from kgpipe.query_candidates import ranks as per_query_ranks
 
 __all__ = [
@@ -170,7 +170,7 @@ def evaluate(
     generator: torch.Generator | None = None,
     progress: ProgressFn | None = None,
     part: tuple[int, int] = (0, 1),
-    candidates: QueryCandidates | None = None,
+    candidates: Candidates | None = None,
 ) -> dict[str, Any]:
     """Filtered link-prediction metrics of ``triples`` ``(n, 3)`` on both sides.
 
@@ -199,7 +199,9 @@ def evaluate(
             if candidates is not None:
                 targets = chunk[:, 2] if side == "tail" else chunk[:, 0]
                 drawn = candidates.draw(num_entities, side, targets, start)
-                got = per_query_ranks(model, side, chunk, filter_index, drawn)
+                got = per_query_ranks(
+                    model, side, chunk, filter_index, drawn, filtered=candidates.filtered
+                )
             elif part[1] > 1:
                 got = _split_ranks(model, side, chunk, filter_index, part)
             else:

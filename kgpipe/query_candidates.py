@@ -21,6 +21,11 @@ rank each answer against a fixed set of sampled candidates instead. Here:
 
 The numbers are higher than, and not comparable with, ranking against all entities; results
 name the protocol (``"candidates": "per-query-k"``).
+
+:class:`FileCandidates` takes each query's candidates from the graph's own files instead (OGB's
+``head_neg``/``tail_neg`` arrays, ``data.candidates``), mapped to ids by staging: labelled
+``"files-k"``, and not filtered unless asked (OGB's evaluator does not filter). A candidate
+that is the answer itself then ties with it (half a place), as in OGB's evaluator.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -36,7 +42,16 @@ if TYPE_CHECKING:
     from kgpipe.config import RunConfig
     from kgpipe.models.model import KGEModel
 
-__all__ = ["PAIRS", "QueryCandidates", "count_ranks", "known_mask", "pair_scores", "ranks"]
+__all__ = [
+    "PAIRS",
+    "Candidates",
+    "FileCandidates",
+    "QueryCandidates",
+    "count_ranks",
+    "known_mask",
+    "pair_scores",
+    "ranks",
+]
 
 #: triples of a split per generator stream (the draws do not depend on the batch size); a
 #: chunk draws at most this many rows more than it needs
@@ -58,6 +73,8 @@ class QueryCandidates:
     k: int
     seed: int = 0
     split: str = "valid"
+    #: candidates that form a known true triple do not count
+    filtered = True
 
     @classmethod
     def from_config(cls, config: RunConfig, split: str) -> QueryCandidates | None:
@@ -91,6 +108,49 @@ class QueryCandidates:
     def _stream(self, side: str, group: int) -> int:
         key = f"kgpipe-candidates:{self.seed}:{self.split}:{side}:{group}".encode()
         return int.from_bytes(hashlib.sha256(key).digest()[:8], "little") & (2**63 - 1)
+
+
+@dataclass(frozen=True, eq=False)
+class FileCandidates:
+    """The candidates of ``split`` read from files: row ``i`` of ``head``/``tail`` (``(n, k)``
+    ids, memory-mapped or in memory) holds the candidates of the split's triple ``i``."""
+
+    split: str
+    head: np.ndarray
+    tail: np.ndarray
+    filtered: bool = False
+
+    def __post_init__(self) -> None:
+        if self.head.ndim != 2 or self.head.shape != self.tail.shape:
+            raise ValueError(
+                f"{self.split} candidates: head {self.head.shape} and tail {self.tail.shape} "
+                "must be arrays of the same shape (triples, k)"
+            )
+
+    @property
+    def k(self) -> int:
+        return int(self.head.shape[1])
+
+    @property
+    def rows(self) -> int:
+        return int(self.head.shape[0])
+
+    def label(self) -> str:
+        return f"files-{self.k}"
+
+    def draw(self, num_entities: int, side: str, targets: Tensor, start: int) -> Tensor:
+        """Candidates ``(b, k)`` of triples ``start .. start + b`` of the split on ``side``."""
+        b = int(targets.shape[0])
+        if start + b > self.rows:
+            raise ValueError(
+                f"{self.split} candidates hold {self.rows} rows, not the {start + b} queried"
+            )
+        rows = (self.head if side == "head" else self.tail)[start : start + b]
+        return torch.from_numpy(np.array(rows, dtype=np.int64))
+
+
+#: the candidate sets of a split: drawn from a seed, or read from files
+Candidates = QueryCandidates | FileCandidates
 
 
 def pair_scores(
@@ -136,9 +196,12 @@ def ranks(
     chunk: Tensor,
     index: FilterIndex,
     candidates: Tensor,
+    *,
+    filtered: bool = True,
 ) -> Tensor:
     """Realistic ranks ``(b,)`` of this chunk's answers among their own ``candidates``
-    ``(b, k)``, by a model that holds the whole entity table."""
+    ``(b, k)``, by a model that holds the whole entity table (``filtered``: candidates that
+    form a known true triple do not count)."""
     model._whole()  # a sharded model scores with kgpipe.distributed.sharded_eval
     dev = model.entity.device
     h, r, t = chunk[:, 0], chunk[:, 1], chunk[:, 2]
@@ -154,7 +217,9 @@ def ranks(
         rows = model.entity[anchors_d[q]]
         parts.append(pair_scores(model, side, rows, relations_d[q], model.entity[e]))
     scores = torch.cat(parts).view(b, c) if parts else torch.zeros((b, c), device=dev)
-    better, equal = count_ranks(
-        scores, known_mask(index, side, anchors, r, candidates, model.spec.num_entities)
-    )
+    if filtered:
+        excluded = known_mask(index, side, anchors, r, candidates, model.spec.num_entities)
+    else:
+        excluded = torch.zeros(candidates.shape, dtype=torch.bool)
+    better, equal = count_ranks(scores, excluded)
     return 1.0 + better.double() + equal.double() / 2.0

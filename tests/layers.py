@@ -66,6 +66,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             "kgpipe.models.model",
             "kgpipe.data.labels",
+            "kgpipe.data.candidates",
             "kgpipe.data.vocab",
             "kgpipe.data.benchmarks",
             "kgpipe.data.reading",

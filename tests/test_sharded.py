@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 import torch
+from candidate_files import write_candidate_files
 from cli_support import run_cli, vocab_labels
 from safetensors.torch import load_file
 
@@ -176,43 +177,52 @@ def test_sharded_step_sync_equals_single_process(tmp_path: Path, model: str) -> 
 
 
 @pytest.mark.parametrize(
-    ("sampled", "candidates"), [(None, None), (40, None), (None, 30)], ids=["all", "sampled", "ogb"]
+    ("sampled", "candidates"),
+    [(None, None), (40, None), (None, 30), (None, "files")],
+    ids=["all", "sampled", "ogb", "files"],
 )
 def test_sharded_validation_equals_single_process(
-    tmp_path: Path, sampled: int | None, candidates: int | None
+    tmp_path: Path, sampled: int | None, candidates: int | str | None
 ) -> None:
     """Each rank ranks the queries against its own rows (all of them, those in the sample, or
-    the per-query candidates it owns); the counts sum to the single-process ranks (updates
-    below float32's resolution keep both models as initialised)."""
-    sections = {
+    the per-query candidates it owns, drawn or read from files); the counts sum to the
+    single-process ranks (updates below float32's resolution keep both models as initialised)."""
+    sections: dict[str, Any] = {
         "model": {"name": "complex", "dim": 32, "init": "uniform", "init_scale": 0.1},
         "training": {**TRAINING, "lr": 1e-30},
         "evaluation": {"test": False, "every": 1, "sampled": sampled, "candidates": candidates},
     }
+    if candidates == "files":
+        sections["data"] = {"dataset": "umls", "candidates": write_candidate_files(tmp_path, 30)}
+        sections["evaluation"]["candidates"] = None
     train(_config(tmp_path, "single", **sections))
     train(
         _config(tmp_path, "sharded", **sections, distributed={"workers": 2, "strategy": "sharded"})
     )
     one, two = _metrics(tmp_path, "single"), _metrics(tmp_path, "sharded")
     want = f"sampled-{sampled}" if sampled else f"per-query-{candidates}" if candidates else "all"
+    want = "files-30" if candidates == "files" else want
     assert [r["valid_candidates"] for r in two] == [want] * len(one)
     assert [r["valid_candidates"] for r in one] == [want] * len(one)
     for key in ("valid_mrr", "valid_mr", "valid_hits@10"):
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], rel=1e-9), key
 
 
-@pytest.mark.parametrize("candidates", [None, 30], ids=["all", "ogb"])
+@pytest.mark.parametrize("candidates", [None, 30, "files"], ids=["all", "ogb", "files"])
 def test_the_gang_ranks_the_test_split_as_one_process_does(
-    tmp_path: Path, candidates: int | None
+    tmp_path: Path, candidates: int | str | None
 ) -> None:
     """A sharded run's test split is ranked by its gang, each rank against its own rows of the
     chosen checkpoint (under early stopping the best validated one); the metrics are those
     of one process ranking the run's model file, and results.json says who ranked them."""
-    sections = {
+    sections: dict[str, Any] = {
         "model": {"name": "complex", "dim": 16, "init": "uniform", "init_scale": 0.1},
         "training": {**TRAINING, "epochs": 3},
         "evaluation": {"test": True, "every": 1, "patience": 5, "candidates": candidates},
     }
+    if candidates == "files":
+        sections["data"] = {"dataset": "umls", "candidates": write_candidate_files(tmp_path, 30)}
+        sections["evaluation"]["candidates"] = None
     gang = {"workers": 2, "strategy": "sharded", "entity_shards": 5}
     result = train(_config(tmp_path, "run", **sections, distributed=gang))
     assert result.results is not None
@@ -223,6 +233,7 @@ def test_the_gang_ranks_the_test_split_as_one_process_does(
     assert test["training"]["model_epoch"] == 1 + valid.index(max(valid))
     one = evaluate_run(str(tmp_path / "run"))  # the model file, ranked in this process
     want = f"per-query-{candidates}" if candidates else "all entities"
+    want = "files-30" if candidates == "files" else want
     assert test["protocol"]["candidates"] == one["protocol"]["candidates"] == want
     assert test["triples"] == one["triples"] > 0
     for key in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):

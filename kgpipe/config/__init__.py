@@ -20,6 +20,7 @@ from kgpipe.config.io import (
 from kgpipe.config.run import RunConfig
 from kgpipe.config.runtime import CheckpointConfig, DistributedConfig, FaultToleranceConfig
 from kgpipe.config.sections import (
+    CandidateFiles,
     DataConfig,
     DropoutConfig,
     ModelConfig,
@@ -31,6 +32,7 @@ from kgpipe.config.training import EvaluationConfig, PlateauConfig, TrainingConf
 
 __all__ = [
     "RESUMABLE_CHANGES",
+    "CandidateFiles",
     "CheckpointConfig",
     "DataConfig",
     "DistributedConfig",

@@ -49,6 +49,8 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
     else:  # runs from before the plateau schedule keep their hash
         training.pop("plateau", None)
     ev = config.evaluation
+    if data["data"].get("candidates") is None:  # runs from before data.candidates keep their
+        data["data"].pop("candidates", None)  # hash; where set, a resume keeps the staged files
     if ev.candidates is not None and (ev.patience or "evaluation" in data):
         # per-query MRRs run far above full ranking's: early stopping (and a schedule that
         # follows validation) must not compare one protocol's validations with the other's.

@@ -61,6 +61,23 @@ class RunConfig(Frozen):
         return self
 
     @model_validator(mode="after")
+    def _candidate_files(self) -> RunConfig:
+        files, ev = self.data.candidates, self.evaluation
+        if files is None:
+            return self
+        if ev.candidates is not None:
+            raise ValueError(
+                "data.candidates (candidate sets read from files) and evaluation.candidates "
+                "(candidate sets drawn from a seed) exclude each other"
+            )
+        if files.valid is not None and ev.sampled is not None:
+            raise ValueError(
+                "evaluation.sampled (one shared sample) and data.candidates.valid (each valid "
+                "query's own candidates) exclude each other"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _precision(self) -> RunConfig:
         if self.training.precision == "bf16" and not INTERACTIONS.get(self.model.name).bilinear:
             bilinear = " and ".join(n for n in INTERACTIONS if INTERACTIONS.get(n).bilinear)

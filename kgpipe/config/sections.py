@@ -12,6 +12,7 @@ from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.training.regularizers import REGULARIZERS
 
 __all__ = [
+    "CandidateFiles",
     "DataConfig",
     "DropoutConfig",
     "ModelConfig",
@@ -77,6 +78,42 @@ class SplitConfig(Frozen):
         return self
 
 
+class SideFiles(Frozen):
+    """A split's candidate files, one per side."""
+
+    head: str = Field(description="URL of the candidates of the head queries `(?, r, t)`.")
+    tail: str = Field(description="URL of the candidates of the tail queries `(h, r, ?)`.")
+
+
+class CandidateFiles(Frozen):
+    """Per-query candidate sets read from the graph's own files (OGB's ``head_neg`` and
+    ``tail_neg`` arrays): each answer is ranked against the candidates on its triple's row
+    instead of against all entities.
+
+    A file has one row per data line of its split's file, in the same order (header, comment
+    and blank lines of the triples file do not count), each with the same number ``k`` of
+    entity labels: a tab-separated text file (optionally compressed), or a ``.npy`` array of
+    integers ``(lines, k)`` whose values are labels written as decimal numbers (OGB's own arrays,
+    for a graph whose labels are OGB's entity numbers). Staging maps them to ids and keeps the
+    rows of the triples it keeps (first occurrences, and not the unseen ones it drops)."""
+
+    valid: SideFiles | None = Field(default=None, description="Candidates of the valid split.")
+    test: SideFiles | None = Field(default=None, description="Candidates of the test split.")
+    filtered: bool = Field(
+        default=False,
+        description=(
+            "Leave out candidates that form a known true triple (train, valid or test). OGB's "
+            "protocol does not (false), so that the numbers are its leaderboard's."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _some(self) -> CandidateFiles:
+        if self.valid is None and self.test is None:
+            raise ValueError("data.candidates needs files for valid, test or both")
+        return self
+
+
 class DataConfig(Frozen):
     """Which triples to read and how to parse them."""
 
@@ -137,6 +174,14 @@ class DataConfig(Frozen):
         description=(
             "Split valid/test triples off `train` (e.g. {valid: 0.05, test: 0.05}); needs "
             "`train` without `valid`, `test` or `dataset`. Default: no split."
+        ),
+    )
+    candidates: CandidateFiles | None = Field(
+        default=None,
+        description=(
+            "Per-query candidate files for valid and/or test (OGB's protocol): "
+            "{valid: {head: URL, tail: URL}, test: {...}}. A split without files is ranked as "
+            "`evaluation` says. Excludes evaluation.candidates and data.split."
         ),
     )
     storage_options: dict[str, Any] = Field(
@@ -223,6 +268,11 @@ class DataConfig(Frozen):
                 raise ValueError(
                     f"data.split makes the valid/test splits out of data.train: unset "
                     f"{' and '.join('data.' + k for k in given)}, or remove data.split"
+                )
+            if self.candidates is not None:
+                raise ValueError(
+                    "data.candidates gives rows for the lines of the valid/test files, and "
+                    "data.split makes those splits out of data.train: remove one of them"
                 )
         return self
 

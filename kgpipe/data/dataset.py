@@ -12,6 +12,7 @@ import torch
 
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import SPLITS
+from kgpipe.data.candidates import SplitCandidates, entity_array, read_candidates
 from kgpipe.data.dedup import (
     SpilledIds,
     close_all,
@@ -77,6 +78,8 @@ class TripleDataset:
     #: What ``data.split`` did (``None`` without it): ``source``, ``seed``, the ``fractions``
     #: and the triples ``requested`` of valid/test, and the ``triples`` of every split.
     split: dict[str, Any] | None = None
+    #: per-query candidates of valid/test read from ``data.candidates`` (row ``i``: triple ``i``)
+    candidates: dict[str, SplitCandidates] = field(default_factory=dict)
 
     @property
     def num_entities(self) -> int:
@@ -171,6 +174,7 @@ def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> Tripl
 
     tensors: dict[str, torch.Tensor] = {}
     reports: dict[str, SplitReport] = {}
+    kept: dict[str, tuple[np.ndarray, int]] = {}  # rows kept, rows read: for candidates
     for split in list(parsed.rows):
         src = by_split[split]
         ids = parsed.rows.pop(split)  # one split's ids at a time
@@ -192,6 +196,8 @@ def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> Tripl
                 _raise_unseen(src.url, parsed, split, rows, first(), mask, n_train_entities, unseen)
             if unseen and action == "drop":
                 rows = rows[~mask]
+            if cfg.candidates is not None and getattr(cfg.candidates, split) is not None:
+                kept[split] = (first()[~mask] if unseen and action == "drop" else first(), read)
         tensors[split] = torch.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
         reports[split] = SplitReport(
             source=src.url,
@@ -215,9 +221,13 @@ def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> Tripl
             relations=full.relations[:n_train_relations],
         )
 
+    candidates = _candidates(cfg, by_split, parsed, kept, vocab)
     fingerprint = hashlib.sha256()
     for split in parsed.digests:
         fingerprint.update(f"{split}\t{parsed.digests[split]}\n".encode())
+    for split, found in candidates.items():  # only where there are: older fingerprints stay
+        for side, info in found.sources.items():
+            fingerprint.update(f"candidates\t{split}\t{side}\t{info['sha256']}\n".encode())
     if cfg.split is not None:
         fingerprint.update(
             f"split\t{cfg.split.valid}\t{cfg.split.test}\t{cfg.split.seed}\n".encode()
@@ -232,7 +242,47 @@ def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> Tripl
         reports=reports,
         fingerprint=fingerprint.hexdigest(),
         split=split_info,
+        candidates=candidates,
     )
+
+
+def _candidates(
+    cfg: DataConfig,
+    by_split: dict[str, Source],
+    parsed: Parsed,
+    kept: dict[str, tuple[np.ndarray, int]],
+    vocab: Vocabulary,
+) -> dict[str, SplitCandidates]:
+    """The candidates of ``data.candidates``, for the rows each split kept."""
+    if cfg.candidates is None:
+        return {}
+    labels = entity_array(vocab.entities)
+    out: dict[str, SplitCandidates] = {}
+    for split in ("valid", "test"):
+        files = getattr(cfg.candidates, split)
+        if files is None:
+            continue
+        if split not in kept:
+            raise DataError(
+                files.head, f"candidates for the {split} split, and the run has no {split} file"
+            )
+        src = by_split[split].url
+        if parsed.literals_dropped[split]:
+            raise DataError(
+                files.head,
+                f"candidate rows follow the statements of {src}, and staging dropped "
+                f"{parsed.literals_dropped[split]} with a literal object (data.literals: keep)",
+            )
+        rows, read = kept[split]
+        out[split] = read_candidates(
+            {"head": files.head, "tail": files.tail},
+            cfg.storage_options,
+            entities=labels,
+            lines=read,
+            kept=rows,
+            triples_source=src,
+        )
+    return out
 
 
 def _deduplicated(

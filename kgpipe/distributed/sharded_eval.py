@@ -31,7 +31,7 @@ from kgpipe.evaluation import (
 from kgpipe.models.model import KGEModel
 from kgpipe.query_candidates import (
     PAIRS,
-    QueryCandidates,
+    Candidates,
     count_ranks,
     known_mask,
     pair_scores,
@@ -50,7 +50,7 @@ def evaluate_sharded(
     batch_size: int = 256,
     sampled: int | None = None,
     progress: ProgressFn | None = None,
-    candidates: QueryCandidates | None = None,
+    candidates: Candidates | None = None,
 ) -> dict[str, Any]:
     """Filtered metrics of ``triples`` on both sides, like :func:`~kgpipe.evaluation.evaluate`
     (``sampled``: against the target and the same ``sampled`` entities, those of one process);
@@ -185,7 +185,7 @@ def _per_query(
     triples: Tensor,
     filter_index: FilterIndex,
     batch_size: int,
-    candidates: QueryCandidates,
+    candidates: Candidates,
     progress: ProgressFn | None,
 ) -> dict[str, Any]:
     import torch.distributed as dist
@@ -214,7 +214,10 @@ def _per_query(
         true = torch.where(owned[:, 0], scores[:, 0], torch.zeros_like(scores[:, 0]))
         dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
         scores[:, 0] = true
-        known = known_mask(filter_index, side, anchors, r, drawn, num_entities).to(dev)
+        if candidates.filtered:
+            known = known_mask(filter_index, side, anchors, r, drawn, num_entities).to(dev)
+        else:
+            known = torch.zeros(drawn.shape, dtype=torch.bool, device=dev)
         better, equal = count_ranks(scores, known | ~owned[:, 1:])
         counts = torch.stack((better, equal))
         dist.all_reduce(counts)

@@ -104,7 +104,8 @@ def splits_validation(config: RunConfig, world_size: int) -> bool:
     gang of one). A sharded gang always splits it: no rank holds every row."""
     ev = config.evaluation
     sharded = config.distributed.strategy == "sharded"
-    whole = ev.sampled is None and ev.candidates is None
+    files = config.data.candidates
+    whole = ev.sampled is None and ev.candidates is None and (files is None or not files.valid)
     return world_size > 1 and bool(ev.every) and (whole or sharded)
 
 
@@ -172,7 +173,14 @@ def build_trainer(
             evaluator = functools.partial(evaluate_sharded, model, sharded)
         ordered.append(
             Validation(
-                model, data.valid, index, config, tick=tick, part=valid_part, evaluator=evaluator
+                model,
+                data.valid,
+                index,
+                config,
+                tick=tick,
+                part=valid_part,
+                evaluator=evaluator,
+                candidates=run.candidates("valid"),
             )
         )
     if sharded is not None:  # every rank writes its shards; rank 0 commits

@@ -104,6 +104,7 @@ def rank_test(spec: RankSpec) -> dict[str, Any] | None:
                 index,
                 "test",
                 progress,
+                candidates=run.candidates("test"),
                 evaluator=functools.partial(evaluate_sharded, model, exchange),
             )
         finally:

@@ -23,7 +23,7 @@ from kgpipe.config import RunConfig
 from kgpipe.errors import KgpipeError
 from kgpipe.evaluation import FilterIndex, evaluate
 from kgpipe.models.model import KGEModel
-from kgpipe.query_candidates import QueryCandidates
+from kgpipe.query_candidates import Candidates
 from kgpipe.runs.folder import METRICS
 from kgpipe.runs.segments import validation_due
 from kgpipe.storage import Store
@@ -69,6 +69,7 @@ class Validation(Callback):
         tick: Callable[[], None] | None = None,
         part: tuple[int, int] = (0, 1),
         evaluator: Callable[..., dict[str, Any]] | None = None,
+        candidates: Candidates | None = None,
     ) -> None:
         self.model = model
         self.part = part
@@ -76,7 +77,7 @@ class Validation(Callback):
         self.valid = valid
         self.index = index
         self.cfg = config.evaluation
-        self.candidates = QueryCandidates.from_config(config, "valid")
+        self.candidates = candidates
         self.total_epochs = config.training.epochs
         self.tick = tick
 

@@ -21,7 +21,7 @@ from kgpipe.export_shards import export_sharded
 from kgpipe.model_file import write_sharded_model
 from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.process import ThreadGovernor, configure
-from kgpipe.query_candidates import QueryCandidates
+from kgpipe.query_candidates import Candidates
 from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder, StagedData
 
 __all__ = ["chosen_checkpoint", "evaluation_protocol", "finish_run", "test_results"]
@@ -31,7 +31,9 @@ Evaluator = Callable[..., dict[str, Any]]
 Log = Callable[[str], None]
 
 
-def evaluation_protocol(config: RunConfig, *, candidates: str = "all") -> dict[str, Any]:
+def evaluation_protocol(
+    config: RunConfig, *, candidates: str = "all", split: str = "test"
+) -> dict[str, Any]:
     """The protocol stated next to every metric we write."""
     protocol: dict[str, Any] = {
         "task": "link prediction, both sides (head and tail queries)",
@@ -51,6 +53,22 @@ def evaluation_protocol(config: RunConfig, *, candidates: str = "all") -> dict[s
             "filtered": "candidates that form a known true triple do not count",
             "comparable_with_full_ranking": False,
         }
+    files = config.data.candidates
+    if candidates.startswith("files-") and files is not None:
+        side = getattr(files, split)
+        protocol["candidate_sets"] = {
+            "per_query": int(candidates.removeprefix("files-")),
+            "files": {"head": side.head, "tail": side.tail} if side is not None else None,
+            "read": "row i of each file holds the candidates of the split's triple i "
+            "(data.candidates, kgpipe.data.candidates)",
+            "filtered": "candidates that form a known true triple do not count"
+            if files.filtered
+            else "no: every candidate counts, as in OGB's evaluator",
+            "comparable_with_full_ranking": False,
+        }
+        if not files.filtered:
+            protocol["ranking"] = "unfiltered among the candidates"
+            protocol["filter"] = []
     return protocol
 
 
@@ -62,9 +80,11 @@ def test_results(
     split: str,
     progress: ProgressFn | None = None,
     *,
+    candidates: Candidates | None = None,
     evaluator: Evaluator | None = None,
 ) -> dict[str, Any]:
-    """Filtered metrics of ``triples`` as ``results.json`` states them (with the protocol).
+    """Filtered metrics of ``triples`` as ``results.json`` states them (with the protocol),
+    ranked against ``candidates`` (:meth:`RunFolder.candidates`; None: all entities).
     ``evaluator``: :func:`~kgpipe.evaluation.evaluate`'s stand-in with the model bound (a
     sharded gang's ranks: :func:`~kgpipe.distributed.sharded_eval.evaluate_sharded`)."""
     t0 = time.perf_counter()
@@ -74,7 +94,7 @@ def test_results(
         index,
         batch_size=config.evaluation.batch_size,
         progress=progress,
-        candidates=QueryCandidates.from_config(config, split),
+        candidates=candidates,
     )
     seconds = time.perf_counter() - t0
     return {
@@ -83,7 +103,7 @@ def test_results(
         "head": m["head"],
         "tail": m["tail"],
         "triples": m["triples"],
-        "protocol": evaluation_protocol(config, candidates=m["candidates"]),
+        "protocol": evaluation_protocol(config, candidates=m["candidates"], split=split),
         "model": config.model.name,
         "seconds": seconds,
     }
@@ -235,4 +255,6 @@ def _test_here(
             eval_progress(done, total)
 
     model.to(resolve_device(t.device))  # rank on the GPU if there is one
-    return test_results(config, model, data.test, index, "test", progress)
+    return test_results(
+        config, model, data.test, index, "test", progress, candidates=run.candidates("test")
+    )

@@ -6,6 +6,7 @@
   "staged"
 * ``vocab/entities.tsv``, ``vocab/relations.tsv`` -- ``id<TAB>label``
 * ``data/shards/``, ``data/valid.npy``, ``data/test.npy`` -- staged training shards, split ids
+* ``data/candidates/{valid,test}-{head,tail}.npy`` -- per-query candidate ids (``data.candidates``)
 * ``checkpoints/epoch-NNNNNN/`` -- committed checkpoints (:mod:`kgpipe.checkpoint`)
 * ``lease/`` -- who is writing the run folder (:mod:`kgpipe.runs.lease`)
 * ``metrics.jsonl`` -- one JSON object per epoch
@@ -29,13 +30,16 @@ from torch import Tensor
 
 from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import RunConfig, config_hash
+from kgpipe.data.candidates import SIDES, SplitCandidates
 from kgpipe.data.shards import MANIFEST, read_manifest, read_shards
 from kgpipe.errors import RunError
 from kgpipe.models.model import KGEModel
+from kgpipe.query_candidates import Candidates, FileCandidates, QueryCandidates
 from kgpipe.runs.lease import LEASE, check_holder
 from kgpipe.storage import RetryPolicy, Store, join_url
 
 __all__ = [
+    "CANDIDATES",
     "CONFIG",
     "DATA",
     "LEASE",
@@ -51,6 +55,7 @@ __all__ = [
     "retry_policy",
     "run_exists_error",
     "run_store",
+    "save_candidates",
     "save_ids",
 ]
 
@@ -59,6 +64,7 @@ DATA = "data.json"
 VOCAB = "vocab"
 VALID_IDS = "data/valid.npy"
 TEST_IDS = "data/test.npy"
+CANDIDATES = "data/candidates"
 METRICS = "metrics.jsonl"
 RESULTS = "results.json"
 REPORT = "report.md"
@@ -101,6 +107,38 @@ def save_ids(store: Store, rel: str, triples: Tensor) -> None:
 
 def load_ids(store: Store, rel: str) -> Tensor:
     return torch.from_numpy(np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False))
+
+
+def save_candidates(store: Store, split: str, found: SplitCandidates) -> None:
+    """Write a split's candidate ids (a file per side, written whole or not at all)."""
+    for side in SIDES:
+        array = found.head if side == "head" else found.tail
+
+        def produce(path: str, array: np.ndarray = array) -> None:
+            with open(path, "wb") as f:  # a name would get ".npy" appended
+                np.save(f, array, allow_pickle=False)
+
+        store.write_produced(f"{CANDIDATES}/{split}-{side}.npy", produce, size=array.nbytes)
+
+
+def _load_array(store: Store, rel: str) -> np.ndarray:
+    """A staged array: memory-mapped from a local run folder, else read."""
+    if store.local:
+        array: np.ndarray = np.load(store.path(rel), mmap_mode="r", allow_pickle=False)
+        return array
+    loaded: np.ndarray = np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False)
+    return loaded
+
+
+def split_candidates(
+    config: RunConfig, split: str, files: SplitCandidates | None = None
+) -> Candidates | None:
+    """The candidate sets ``split`` is ranked against: ``files`` (read from ``data.candidates``)
+    where given, else drawn as ``evaluation.candidates`` says (None: all entities)."""
+    if files is None:
+        return QueryCandidates.from_config(config, split)
+    filtered = config.data.candidates is not None and config.data.candidates.filtered
+    return FileCandidates(split, files.head, files.tail, filtered=filtered)
 
 
 @dataclass
@@ -165,6 +203,16 @@ class RunFolder:
             keep_best=c.keep_best,
             fence=all_checks if checks else None,
         )
+
+    def candidates(self, split: str) -> Candidates | None:
+        """The candidate sets of ``split``: the staged files of ``data.candidates`` (memory-mapped
+        where the run folder is local), or drawn (``evaluation.candidates``), or None."""
+        given = self.config.data.candidates
+        if given is None or getattr(given, split) is None:
+            return QueryCandidates.from_config(self.config, split)
+        store = self.store
+        head, tail = (_load_array(store, f"{CANDIDATES}/{split}-{s}.npy") for s in SIDES)
+        return FileCandidates(split, head, tail, filtered=given.filtered)
 
     def manifest_meta(self, world_size: int) -> dict[str, Any]:
         """What every checkpoint manifest of this run records besides the state."""

@@ -21,7 +21,16 @@ from kgpipe.export import load_model
 from kgpipe.model_file import map_checkpoint, map_stored
 from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.runs.finish import test_results
-from kgpipe.runs.folder import CONFIG, DATA, TEST_IDS, TRIMMED, VALID_IDS, VOCAB, load_ids
+from kgpipe.runs.folder import (
+    CONFIG,
+    DATA,
+    TEST_IDS,
+    TRIMMED,
+    VALID_IDS,
+    VOCAB,
+    load_ids,
+    split_candidates,
+)
 from kgpipe.storage import Store, check_reachable
 
 __all__ = [
@@ -173,7 +182,7 @@ def evaluate_run(
     """Re-read a run's data and evaluate its model on ``split`` (``valid`` or ``test``): the
     final model, or that of a committed checkpoint (then ``checkpoint_epoch`` says which).
     ``candidates``: ``k`` per-query candidates (the OGB-style protocol) or ``"all"`` entities
-    instead of the run's own ``evaluation.candidates``."""
+    instead of the run's own ``evaluation.candidates`` or ``data.candidates``."""
     if batch_size is not None and batch_size < 1:
         raise RunError(f"batch_size must be a positive number, not {batch_size}")
     if isinstance(candidates, int) and candidates < 1:
@@ -201,7 +210,9 @@ def evaluate_run(
     index = FilterIndex.from_triples(
         [dataset.train, dataset.valid, dataset.test], dataset.num_relations
     )
-    results = test_results(cfg, run.model, triples, index, split, progress)
+    files = dataset.candidates.get(split) if candidates is None else None
+    chosen = split_candidates(cfg, split, files)
+    results = test_results(cfg, run.model, triples, index, split, progress, candidates=chosen)
     if run.checkpoint is not None:
         results["checkpoint_epoch"] = run.checkpoint.epoch
     return results

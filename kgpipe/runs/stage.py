@@ -27,6 +27,7 @@ from kgpipe.runs.folder import (
     retry_policy,
     run_exists_error,
     run_store,
+    save_candidates,
     save_ids,
 )
 from kgpipe.runs.lease import RunLease
@@ -166,6 +167,8 @@ def prepare_run(
     )
     save_ids(store, VALID_IDS, dataset.valid)
     save_ids(store, TEST_IDS, dataset.test)
+    for split, sets in dataset.candidates.items():
+        save_candidates(store, split, sets)
     store.write_json(
         DATA,
         {
@@ -174,6 +177,11 @@ def prepare_run(
             "num_relations": dataset.num_relations,
             "splits": {k: vars(v) for k, v in dataset.reports.items()},
             "split": dataset.split,
+            **(
+                {"candidates": {k: v.sources for k, v in dataset.candidates.items()}}
+                if dataset.candidates
+                else {}
+            ),
         },
     )
     run = RunFolder(

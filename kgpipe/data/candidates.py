@@ -1,0 +1,255 @@
+"""Per-query candidate files (``data.candidates``): each valid/test query's candidates, read
+from the graph's own files and mapped to entity ids.
+
+The Open Graph Benchmark ranks each answer of ogbl-wikikg2 and ogbl-biokg against the fixed
+candidates of its triple (``head_neg``/``tail_neg``: ``(triples, k)`` arrays). A candidate file
+holds one row per data line of its split's triples file, in the same order, each with the same
+number ``k`` of entity labels:
+
+- text (``.tsv``, ``.txt``, any other name; optionally compressed): ``k`` tab-separated labels a
+  line, read as blocks by pyarrow; no header, no comments, no blank lines (each line is a row);
+- ``.npy``: an integer array ``(lines, k)`` whose values are labels written as decimal numbers
+  (OGB's own arrays, for a graph whose entity labels are OGB's entity numbers).
+
+Staging keeps the rows of the triples it keeps (a duplicate triple's first occurrence; not the
+unseen triples ``data.unseen: drop`` drops), so that row ``i`` of the staged array belongs to
+triple ``i`` of the staged split. A label that is not an entity of the graph, a row of another
+length and a file of another number of rows are errors naming the file and the line.
+
+Labels are mapped in buffers of at least as many values as there are entities (a mapping call
+probes every entity label: :func:`kgpipe.data.columnar.positions`); memory is the ids
+(``int32`` where they fit) of the rows kept, one buffer and the entity labels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from kgpipe.data.columnar import positions
+from kgpipe.data.dedup import ids_dtype
+from kgpipe.data.io import opened, reading_errors
+from kgpipe.data.labels import Labels
+from kgpipe.errors import DataError
+
+__all__ = ["SIDES", "SplitCandidates", "entity_array", "read_candidates"]
+
+SIDES = ("head", "tail")
+_BLOCK = 1 << 23
+
+
+@dataclass(frozen=True, eq=False)
+class SplitCandidates:
+    """A split's candidates: ``(triples, k)`` ids per side, and what was read."""
+
+    head: np.ndarray
+    tail: np.ndarray
+    #: per side: ``{"source", "sha256", "rows", "k"}`` (``rows``: as read, before dropping)
+    sources: dict[str, dict[str, Any]]
+
+    @property
+    def k(self) -> int:
+        return int(self.head.shape[1])
+
+
+def entity_array(labels: Sequence[str]) -> pa.Array:
+    """The labels as one Arrow ``large_string`` array (the columnar reader's, not copied)."""
+    array = labels.array if isinstance(labels, Labels) else pa.array(list(labels), pa.string())
+    return array if array.type == pa.large_string() else array.cast(pa.large_string())
+
+
+class _Sha:
+    """A binary reader that hashes what it hands on."""
+
+    def __init__(self, f: IO[bytes]) -> None:
+        self._f, self.sha, self.closed = f, hashlib.sha256(), False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.sha.update(data)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def read_candidates(
+    files: dict[str, str],
+    storage_options: dict[str, Any] | None,
+    *,
+    entities: pa.Array,
+    lines: int,
+    kept: np.ndarray,
+    triples_source: str,
+) -> SplitCandidates:
+    """The candidates of the split whose triples file (``triples_source``) has ``lines`` data
+    lines, of which staging kept the rows ``kept`` (positions, in order): ``files`` maps each
+    side to a URL; ids are positions in ``entities``."""
+    arrays: dict[str, np.ndarray] = {}
+    sources: dict[str, dict[str, Any]] = {}
+    for side in SIDES:
+        url = files[side]
+        with reading_errors(url):
+            ids, rows, digest = (_npy if url.endswith(".npy") else _text)(
+                url, storage_options, entities, kept
+            )
+        if rows != lines:
+            raise DataError(
+                url,
+                f"{rows} rows of candidates, and {triples_source} has {lines} triples: "
+                "a candidate file needs one row per triple, in the same order",
+            )
+        arrays[side] = ids
+        sources[side] = {"source": url, "sha256": digest, "rows": rows, "k": int(ids.shape[1])}
+    if arrays["head"].shape[1] != arrays["tail"].shape[1]:
+        raise DataError(
+            files["tail"],
+            f"{arrays['tail'].shape[1]} candidates a row, and the head file "
+            f"{files['head']} has {arrays['head'].shape[1]}: both sides need the same number",
+        )
+    return SplitCandidates(arrays["head"], arrays["tail"], sources)
+
+
+class _Mapper:
+    """Maps buffered rows of labels to ids and keeps the rows in ``kept``."""
+
+    def __init__(self, url: str, entities: pa.Array, kept: np.ndarray, k: int) -> None:
+        self.url, self.entities, self.kept, self.k = url, entities, kept, k
+        self.out = np.empty((len(kept), k), dtype=ids_dtype(len(entities), 0))
+        self.rows = 0  # rows read
+        self.filled = 0  # rows of out written
+        self.pending: list[pa.Array] = []  # row-major labels of whole rows
+        self.buffered = 0
+        self.at_once = max(len(entities), 1 << 20)
+
+    def add(self, values: pa.Array) -> None:
+        self.pending.append(values)
+        self.buffered += len(values)
+        if self.buffered >= self.at_once:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        values = pa.concat_arrays(self.pending)
+        self.pending, self.buffered = [], 0
+        n = len(values) // self.k
+        lo, hi = np.searchsorted(self.kept, [self.rows, self.rows + n])
+        take = self.kept[lo:hi] - self.rows
+        if len(take):
+            flat = (take[:, None] * self.k + np.arange(self.k)).ravel()
+            chosen = values.take(pa.array(flat))
+            ids = positions(chosen, self.entities)
+            if ids is None:
+                self._unknown(chosen, take)
+            assert ids is not None
+            self.out[self.filled : self.filled + len(take)] = ids.reshape(-1, self.k)
+            self.filled += len(take)
+        self.rows += n
+
+    def _unknown(self, chosen: pa.Array, take: np.ndarray) -> None:
+        found = pc.is_in(chosen, value_set=self.entities)
+        first = int(pc.index(found, False).as_py())
+        row, col = divmod(first, self.k)
+        label = chosen[first].as_py()
+        line = self.rows + int(take[row]) + 1
+        if not label:
+            raise DataError(self.url, f"line {line}, candidate {col + 1}: empty (a blank line?)")
+        raise DataError(
+            self.url, f"line {line}, candidate {col + 1}: {label!r} is not an entity of the graph"
+        )
+
+
+def _text(
+    url: str, storage_options: dict[str, Any] | None, entities: pa.Array, kept: np.ndarray
+) -> tuple[np.ndarray, int, str]:
+    with opened(url, storage_options) as raw:
+        first = raw.readline().decode("utf-8", errors="replace").rstrip("\r\n")
+    if not first:
+        raise DataError(url, "line 1: blank (each line is a triple's row)")
+    k = first.count("\t") + 1
+    mapper = _Mapper(url, entities, kept, k)
+    with opened(url, storage_options) as raw:
+        f = _Sha(raw)
+        try:
+            for batch in _batches(f, k):
+                if batch.num_rows:
+                    mapper.add(_row_major([batch.column(i) for i in range(k)]))
+        except pa.ArrowInvalid:
+            _locate(url, storage_options)
+            raise DataError(url, "cannot be read as tab-separated labels") from None
+        mapper.flush()
+        return mapper.out, mapper.rows, f.sha.hexdigest()
+
+
+def _batches(f: _Sha, k: int) -> Iterator[pa.RecordBatch]:
+    names = [f"c{i}" for i in range(k)]
+    yield from pcsv.open_csv(
+        f,
+        read_options=pcsv.ReadOptions(column_names=names, block_size=_BLOCK),
+        parse_options=pcsv.ParseOptions(
+            delimiter="\t",
+            quote_char=False,
+            double_quote=False,
+            escape_char=False,
+            ignore_empty_lines=False,
+        ),
+        convert_options=pcsv.ConvertOptions(
+            column_types={n: pa.large_string() for n in names}, strings_can_be_null=False
+        ),
+    )
+
+
+def _row_major(cols: list[pa.Array]) -> pa.Array:
+    """The labels of ``cols`` (one array per position in a row), row after row."""
+    k, n = len(cols), len(cols[0])
+    values = pa.concat_arrays(cols)
+    order = (np.arange(k)[None, :] * n + np.arange(n)[:, None]).ravel()
+    return values.take(pa.array(order))
+
+
+def _locate(url: str, storage_options: dict[str, Any] | None) -> None:
+    """Raise the first line that is not a row of as many labels as the first."""
+    with opened(url, storage_options) as raw:
+        k = None
+        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", newline=""), 1):
+            fields = line.rstrip("\r\n").split("\t")
+            k = len(fields) if k is None else k
+            if not line.rstrip("\r\n"):
+                raise DataError(url, f"line {number}: blank (each line is a triple's row)")
+            if len(fields) != k:
+                raise DataError(
+                    url, f"line {number}: {len(fields)} labels, and the first line has {k}"
+                )
+
+
+def _npy(
+    url: str, storage_options: dict[str, Any] | None, entities: pa.Array, kept: np.ndarray
+) -> tuple[np.ndarray, int, str]:
+    with opened(url, storage_options) as raw:
+        data = raw.read()
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as err:
+        raise DataError(url, f"not a .npy array: {err}") from None
+    if array.ndim != 2 or array.dtype.kind not in "iu":
+        raise DataError(
+            url, f"a {array.dtype} array of shape {array.shape}: need integers (triples, k)"
+        )
+    mapper = _Mapper(url, entities, kept, int(array.shape[1]))
+    step = max(1, mapper.at_once // max(1, mapper.k))
+    for lo in range(0, len(array), step):
+        mapper.add(pa.array(array[lo : lo + step].ravel()).cast(pa.large_string()))
+    mapper.flush()
+    return mapper.out, int(array.shape[0]), hashlib.sha256(data).hexdigest()
