@@ -67,6 +67,20 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     )
     m = rank_memory(sampled, num_entities=1000, num_relations=5, num_train=101, world=2)
     assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 1000  # rank 0 alone: every entity
+    files = {"valid": {"head": "h.tsv", "tail": "t.tsv"}}
+    from_files = _config(
+        data={"dataset": "umls", "candidates": files}, model={"name": "transe", "dim": 10},
+        evaluation={"every": 1, "batch_size": 256},
+    )  # fmt: skip
+    m = rank_memory(
+        from_files, num_entities=1000, num_relations=5, num_train=101, world=1,
+        valid_candidates=(300, 20),
+    )  # fmt: skip
+    # both sides' staged int32 ids, and the per-query pairs of a chunk (ids, scores, filter
+    # keys) with the rows gathered for them
+    pairs = 256 * 21
+    want = 2 * 4 * 8 * 101 + 2 * 300 * 20 * 4 + 45 * pairs + 3 * 4 * 2 * 10 * pairs
+    assert m.validation == want
 
 
 def test_a_sharded_rank_holds_its_shards_and_no_copy_of_them_at_a_commit() -> None:

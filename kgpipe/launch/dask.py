@@ -217,6 +217,7 @@ class DaskLauncher:
                 num_relations=run.num_relations,
                 num_train=run.num_train,
                 world=world,
+                valid_candidates=run.candidate_shape("valid"),
             )
             relay = _Relay(view, self.callbacks)
             try:

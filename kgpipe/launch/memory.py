@@ -90,9 +90,16 @@ class RankMemory:
 
 
 def rank_memory(
-    config: RunConfig, *, num_entities: int, num_relations: int, num_train: int, world: int
+    config: RunConfig,
+    *,
+    num_entities: int,
+    num_relations: int,
+    num_train: int,
+    world: int,
+    valid_candidates: tuple[int, int] | None = None,
 ) -> RankMemory:
-    """The estimate of one rank's run-dependent bytes under ``config``."""
+    """The estimate of one rank's run-dependent bytes under ``config``; ``valid_candidates``:
+    the ``(rows, k)`` of the valid split's staged candidate files (``data.candidates``)."""
     m = config.model
     relation_width = INTERACTIONS.get(m.name)(p=m.p, margin=m.margin).relation_dim(m.dim)
     relation_rows = num_relations * (2 if m.reciprocal else 1)
@@ -137,24 +144,40 @@ def rank_memory(
         averaging=averaging,
         triples=triples,
         step=step,
-        validation=_validation(config, num_entities, num_train, world) if validates else 0,
+        validation=(
+            _validation(config, num_entities, num_train, world, valid_candidates)
+            if validates
+            else 0
+        ),
     )
 
 
-def _validation(config: RunConfig, num_entities: int, num_train: int, world: int) -> int:
+def _validation(
+    config: RunConfig,
+    num_entities: int,
+    num_train: int,
+    world: int,
+    files: tuple[int, int] | None = None,
+) -> int:
     """The filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
     range of entities when a gang splits full ranking, else all of them); with per-query
     candidates, each query's scores and about five int64 tensors per (query, candidate) pair
     (ids, query index, filter keys, the draw and its shift), and the rows gathered for a group
-    of pairs."""
+    of pairs; with candidate ``files`` ``(rows, k)``, also both sides' staged ids (mapped from
+    the run folder: Dask counts the pages read)."""
     ev = config.evaluation
     index = 2 * 4 * 8 * num_train
-    if ev.candidates is not None:
-        pairs = min(PAIRS, ev.batch_size * (1 + ev.candidates))
+    k = ev.candidates if ev.candidates is not None else files[1] if files else None
+    if k is not None:
+        staged = (
+            0 if files is None else 2 * files[0] * files[1] * (4 if num_entities < 2**31 else 8)
+        )
+        pairs = min(PAIRS, ev.batch_size * (1 + k))
         return (
             index
-            + (4 + 1 + 8 * 5) * ev.batch_size * (1 + ev.candidates)
+            + staged
+            + (4 + 1 + 8 * 5) * ev.batch_size * (1 + k)
             + (3 * 4 * 2 * config.model.dim * pairs)
         )
     split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
@@ -170,6 +193,7 @@ def check_gang_memory(
     num_relations: int,
     num_train: int,
     world: int,
+    valid_candidates: tuple[int, int] | None = None,
 ) -> RankMemory:
     """Refuse to launch when one rank would not fit a worker's memory limit.
 
@@ -181,6 +205,7 @@ def check_gang_memory(
         num_relations=num_relations,
         num_train=num_train,
         world=world,
+        valid_candidates=valid_candidates,
     )
     short = []
     for address, info in workers.items():

@@ -214,6 +214,15 @@ class RunFolder:
         head, tail = (_load_array(store, f"{CANDIDATES}/{split}-{s}.npy") for s in SIDES)
         return FileCandidates(split, head, tail, filtered=given.filtered)
 
+    def candidate_shape(self, split: str) -> tuple[int, int] | None:
+        """``(rows, k)`` of the staged candidate files of ``split`` (rows as read, before the
+        rows of dropped triples went), or None without any."""
+        given = self.config.data.candidates
+        if given is None or getattr(given, split) is None:
+            return None
+        read = self.store.read_json(DATA).get("candidates", {}).get(split)
+        return None if read is None else (int(read["head"]["rows"]), int(read["head"]["k"]))
+
     def manifest_meta(self, world_size: int) -> dict[str, Any]:
         """What every checkpoint manifest of this run records besides the state."""
         return {
