@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 from pathlib import Path
@@ -60,6 +61,56 @@ def test_train_from_s3_into_s3(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
     again = evaluate_run("s3://kgpipe/runs/nations", storage_options=opts)
+    assert again["mrr"] == pytest.approx(saved["mrr"], abs=1e-12)
+
+
+def test_candidate_files_from_s3_into_an_s3_run(
+    s3_server: S3Server, datasets_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``data.candidates`` read from the store (gzipped text and a .npy array), staged into a run
+    folder on the store and read back from it (not memory-mapped) at the test."""
+    import numpy as np
+
+    fs = _fs(s3_server)
+    lines = {}
+    for split in ("train", "valid", "test"):
+        raw = (datasets_root / "nations" / f"{split}.txt").read_bytes()
+        fs.pipe(f"kgpipe/cand/{split}.tsv", raw)
+        lines[split] = [x.split("\t") for x in raw.decode().splitlines() if x.strip()]
+    entities = sorted({x for rows in lines.values() for h, _, t in rows for x in (h, t)})
+    rng = np.random.default_rng(0)
+    pick = rng.integers(0, len(entities), (len(lines["test"]), 2, 6))
+    text = [
+        "\n".join("\t".join(entities[i] for i in row) for row in pick[:, s]) + "\n" for s in (0, 1)
+    ]
+    fs.pipe("kgpipe/cand/test-head.tsv.gz", gzip.compress(text[0].encode()))
+    fs.pipe("kgpipe/cand/test-tail.tsv", text[1].encode())
+    opts = s3_server.storage_options()
+    cfg = parse_config(
+        {
+            "run": {"root": "s3://kgpipe/runs", "name": "cand", "storage_options": opts},
+            "data": {
+                **{s: f"s3://kgpipe/cand/{s}.tsv" for s in ("train", "valid", "test")},
+                "candidates": {
+                    "test": {
+                        "head": "s3://kgpipe/cand/test-head.tsv.gz",
+                        "tail": "s3://kgpipe/cand/test-tail.tsv",
+                    }
+                },
+                "storage_options": opts,
+            },
+            "model": {"name": "distmult", "dim": 8},
+            "training": {"epochs": 1, "batch_size": 256, "negatives": 4},
+        }
+    )
+    train(cfg)
+    saved = json.loads(fs.cat("kgpipe/runs/cand/results.json"))
+    assert saved["protocol"]["candidates"] == "files-6"
+    staged = np.load(io.BytesIO(fs.cat("kgpipe/runs/cand/data/candidates/test-tail.npy")))
+    assert staged.tolist() == pick[:, 1].tolist()  # nations' labels sort as its ids do
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3_server.key)  # the data's, for the re-read
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3_server.secret)
+    again = evaluate_run("s3://kgpipe/runs/cand", storage_options=opts)
     assert again["mrr"] == pytest.approx(saved["mrr"], abs=1e-12)
 
 

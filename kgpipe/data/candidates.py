@@ -23,6 +23,7 @@ probes every entity label: :func:`kgpipe.data.columnar.positions`); memory is th
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 from collections.abc import Iterator, Sequence
@@ -34,11 +35,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from kgpipe.data.columnar import positions
+from kgpipe.data.columnar import positions, retried_read
 from kgpipe.data.dedup import ids_dtype
-from kgpipe.data.io import opened, reading_errors
+from kgpipe.data.io import opened
 from kgpipe.data.labels import Labels
 from kgpipe.errors import DataError
+from kgpipe.retry import RetryPolicy
 
 __all__ = ["SIDES", "SplitCandidates", "entity_array", "read_candidates"]
 
@@ -92,18 +94,23 @@ def read_candidates(
     lines: int,
     kept: np.ndarray,
     triples_source: str,
+    retry: RetryPolicy | None = None,
 ) -> SplitCandidates:
     """The candidates of the split whose triples file (``triples_source``) has ``lines`` data
     lines, of which staging kept the rows ``kept`` (positions, in order): ``files`` maps each
-    side to a URL; ids are positions in ``entities``."""
+    side to a URL; ids are positions in ``entities``. Reads from an object store are retried
+    from the start by ``retry``, as the triples' are."""
     arrays: dict[str, np.ndarray] = {}
     sources: dict[str, dict[str, Any]] = {}
     for side in SIDES:
         url = files[side]
-        with reading_errors(url):
-            ids, rows, digest = (_npy if url.endswith(".npy") else _text)(
-                url, storage_options, entities, kept
-            )
+        read = _npy if url.endswith(".npy") else _text
+        ids, rows, digest = retried_read(
+            url,
+            storage_options,
+            retry,
+            functools.partial(read, url, storage_options, entities, kept),
+        )
         if rows != lines:
             raise DataError(
                 url,

@@ -57,6 +57,7 @@ __all__ = [
     "FileScan",
     "columnar_ids",
     "positions",
+    "retried_read",
     "scan_file",
     "sorted_labels",
 ]
@@ -108,7 +109,7 @@ def _remote(url: str) -> bool:
     return "://" in url and not url.startswith("file://")
 
 
-def _retried(
+def retried_read(
     url: str,
     storage_options: dict[str, Any] | None,
     retry: RetryPolicy | None,
@@ -295,7 +296,7 @@ def scan_file(
             raise DataError(url, "no triples found (empty file)")
         return FileScan(url, rows, entities, relations, sha, is_header)
 
-    result: FileScan = _retried(url, storage_options, retry, scan)
+    result: FileScan = retried_read(url, storage_options, retry, scan)
     return result
 
 
@@ -378,7 +379,7 @@ def columnar_ids(
                     return spill if spill is not None else out
         raise DataError(url, "the file changed while it was being read; stage it again")
 
-    result: np.ndarray | SpilledIds = _retried(url, storage_options, retry, ids)
+    result: np.ndarray | SpilledIds = retried_read(url, storage_options, retry, ids)
     return result
 
 

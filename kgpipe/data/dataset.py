@@ -163,12 +163,14 @@ def load_dataset(cfg: DataConfig, *, retry: RetryPolicy | None = None) -> Triple
     by_split = {src.split: src for src in srcs}
     parsed = read_splits(srcs, cfg, retry)
     try:
-        return _load(cfg, by_split, parsed)
+        return _load(cfg, by_split, parsed, retry)
     finally:  # spilled ids a failure left unread
         close_all([ids for ids in parsed.rows.values() if isinstance(ids, SpilledIds)])
 
 
-def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> TripleDataset:
+def _load(
+    cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed, retry: RetryPolicy | None
+) -> TripleDataset:
     full = parsed.vocab
     n_train_entities, n_train_relations = parsed.train_entities, parsed.train_relations
 
@@ -221,7 +223,7 @@ def _load(cfg: DataConfig, by_split: dict[str, Source], parsed: Parsed) -> Tripl
             relations=full.relations[:n_train_relations],
         )
 
-    candidates = _candidates(cfg, by_split, parsed, kept, vocab)
+    candidates = _candidates(cfg, by_split, parsed, kept, vocab, retry)
     fingerprint = hashlib.sha256()
     for split in parsed.digests:
         fingerprint.update(f"{split}\t{parsed.digests[split]}\n".encode())
@@ -252,6 +254,7 @@ def _candidates(
     parsed: Parsed,
     kept: dict[str, tuple[np.ndarray, int]],
     vocab: Vocabulary,
+    retry: RetryPolicy | None,
 ) -> dict[str, SplitCandidates]:
     """The candidates of ``data.candidates``, for the rows each split kept."""
     if cfg.candidates is None:
@@ -281,6 +284,7 @@ def _candidates(
             lines=read,
             kept=rows,
             triples_source=src,
+            retry=retry,
         )
     return out
 
