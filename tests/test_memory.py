@@ -9,7 +9,7 @@ import pytest
 
 from kgpipe.config import parse_config
 from kgpipe.errors import ConfigError
-from kgpipe.launch.memory import check_gang_memory, rank_memory
+from kgpipe.launch.memory import check_gang_memory, rank_memory, ranking_memory
 from kgpipe.pipeline import train
 
 MIB = 2**20
@@ -81,6 +81,22 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
     pairs = 256 * 21
     want = 2 * 4 * 8 * 101 + 2 * 300 * 20 * 4 + 45 * pairs + 3 * 4 * 2 * 10 * pairs
     assert m.validation == want
+
+
+def test_a_test_ranking_rank_holds_its_share_of_the_tables_and_no_optimiser_state() -> None:
+    config = _config(
+        model={"name": "transe", "dim": 10}, evaluation={"batch_size": 256},
+        distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
+    )  # fmt: skip
+    sizes = {"num_entities": 1000, "num_relations": 5, "num_train": 101, "world": 2}
+    m = ranking_memory(config, **sizes)
+    assert m.tables == 4 * (500 * 10 + 5 * 10)  # 2 of 4 shards of 250 rows
+    assert (m.optimizer, m.checkpoint, m.averaging) == (0, 0, 0)
+    assert m.triples == 101 * 3 * 4  # the filter's ids, no epoch order
+    assert m.step == 12 * 1000  # the shard map
+    assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 500  # its half of the entities
+    with_files = ranking_memory(config, **sizes, test_candidates=(300, 20))
+    assert with_files.validation > 2 * 300 * 20 * 4  # both sides' staged ids, and the pairs
 
 
 def test_a_sharded_rank_holds_its_shards_and_no_copy_of_them_at_a_commit() -> None:

@@ -308,6 +308,38 @@ def test_a_failed_test_gang_is_tried_again_then_left_to_the_driver(
     assert result.results["mrr"] == pytest.approx(one["mrr"], rel=1e-9)
 
 
+def test_a_test_gang_that_would_not_fit_leaves_the_split_to_the_driver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The gang that ranks the test split gets a memory check of its own: where one of its ranks
+    would pass its worker's limit, no gang is launched and the driver ranks the split."""
+    import kgpipe.launch.dask as launch_dask
+    import kgpipe.launch.memory as memory
+
+    launched: list[Any] = []
+    real_launch, real_need = launch_dask.launch_gang, memory.ranking_memory
+
+    def launch(client: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        launched.append(fn)
+        return real_launch(client, fn, *args, **kwargs)
+
+    def need(*args: Any, **kwargs: Any) -> memory.RankMemory:
+        real = real_need(*args, **kwargs)
+        assert 0 < real.total < 64 * 2**20 and real.optimizer == 0  # UMLS: its share, no Adam
+        return memory.RankMemory(**{**vars(real), "tables": 50 * 2**30})
+
+    monkeypatch.setattr(launch_dask, "launch_gang", launch)
+    monkeypatch.setattr(memory, "ranking_memory", need)
+    sections = {"model": {"name": "distmult", "dim": 16}, "training": TRAINING,
+                "evaluation": {"test": True}}  # fmt: skip
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 3, "memory_limit": "3GiB"}
+    with caplog.at_level("WARNING", logger="kgpipe.distributed"):
+        result = train(_config(tmp_path, "run", **sections, distributed=gang))
+    assert result.results is not None and result.results["ranked_by"] == "driver"
+    assert launch_dask.rank_test not in launched
+    assert "the gang would not fit: one rank needs about 50.00 GiB" in caplog.text
+
+
 def test_a_sharded_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> None:
     """Epoch 2's shards, written by 2 ranks, are read by 3 ranks (each reads its own shards) and
     by one process (which assembles the whole table); all end where 2 ranks end."""

@@ -25,7 +25,7 @@ from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.errors import ConfigError, RunError
 from kgpipe.evaluation import ProgressFn
-from kgpipe.launch.memory import check_gang_memory
+from kgpipe.launch.memory import check_gang_memory, check_test_gang
 from kgpipe.launch.rank import RankSpec, rank_main
 from kgpipe.launch.rank_test import rank_test
 from kgpipe.runs.callbacks import MetricsWriter
@@ -254,8 +254,8 @@ class DaskLauncher:
         """The test metrics of the run's chosen checkpoint ranked by a gang of the cluster's
         workers, each against its own entity shards (``progress``: rank 0's, as it ranks).
         None where the driver ranks it: the checkpoint is not sharded, there is no test to
-        rank, fewer than 2 workers are alive, or the gang failed (said in the log; a trained
-        run never fails here)."""
+        rank, fewer than 2 workers are alive, or the gang would not fit its workers' memory
+        limits or failed (said in the log; a trained run never fails here)."""
         try:
             return self._test_split(progress)
         except Exception as err:  # the driver can rank it: never fail a run trained already
@@ -288,6 +288,11 @@ class DaskLauncher:
             make_spec = functools.partial(
                 self._spec, queue=queue, world=world, start=chosen.epoch, until=chosen.epoch
             )
+            try:  # as a training gang is checked: refused here, not killed mid-ranking
+                check_test_gang(run, client.scheduler_info(n_workers=-1)["workers"], world)
+            except ConfigError as err:  # the driver ranks it, as when the gang fails
+                log_warning(f"ranking the test split in the driver: the gang would not fit: {err}")
+                return None
             self.say(f"ranking the test split on {world} Dask workers (their entity shards)")
             try:
                 got = launch_gang(

@@ -35,14 +35,24 @@ and 2,168 MiB on a 216k-entity d=200 one (estimate 2,201).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.query_candidates import PAIRS
 
-__all__ = ["RankMemory", "check_gang_memory", "format_bytes", "rank_memory"]
+if TYPE_CHECKING:
+    from kgpipe.runs.folder import RunFolder
+
+__all__ = [
+    "RankMemory",
+    "check_gang_memory",
+    "check_test_gang",
+    "format_bytes",
+    "rank_memory",
+    "ranking_memory",
+]
 
 #: Dask's nanny restarts a worker whose memory passes this share of its limit
 TERMINATE_FRACTION = 0.95
@@ -185,28 +195,62 @@ def _validation(
     return index + (4 + 1) * ev.batch_size * candidates
 
 
-def check_gang_memory(
+def ranking_memory(
     config: RunConfig,
-    workers: dict[str, dict[str, Any]],
     *,
     num_entities: int,
     num_relations: int,
     num_train: int,
     world: int,
+    test_candidates: tuple[int, int] | None = None,
+) -> RankMemory:
+    """One rank of the gang that ranks the test split (:mod:`kgpipe.launch.rank_test`): its
+    share of the tables without optimiser state, every training triple's ids (the filter; no
+    epoch order), the shard map, and a chunk's ranking as validation counts it (against the
+    test split's candidate files ``(rows, k)`` where there are)."""
+    m = rank_memory(
+        config, num_entities=num_entities, num_relations=num_relations, num_train=num_train,
+        world=world,
+    )  # fmt: skip
+    ids = 4 if max(num_entities, num_relations) <= 2**31 else 8
+    sharded = config.distributed.strategy == "sharded" and world > 1
+    return RankMemory(
+        tables=m.tables,
+        optimizer=0,
+        checkpoint=0,
+        averaging=0,
+        triples=num_train * 3 * ids,
+        step=12 * num_entities if sharded else 0,
+        validation=_validation(config, num_entities, num_train, world, test_candidates),
+    )
+
+
+def check_gang_memory(
+    config: RunConfig,
+    workers: dict[str, dict[str, Any]],
+    *,
+    num_entities: int = 0,
+    num_relations: int = 0,
+    num_train: int = 0,
+    world: int = 1,
     valid_candidates: tuple[int, int] | None = None,
+    need: RankMemory | None = None,
 ) -> RankMemory:
     """Refuse to launch when one rank would not fit a worker's memory limit.
 
     ``workers``: Dask's ``scheduler_info()["workers"]`` (each with ``memory_limit``, 0 for none,
-    and ``metrics.memory``, its resident bytes now). Returns the estimate."""
-    need = rank_memory(
-        config,
-        num_entities=num_entities,
-        num_relations=num_relations,
-        num_train=num_train,
-        world=world,
-        valid_candidates=valid_candidates,
-    )
+    and ``metrics.memory``, its resident bytes now). ``need``: the estimate of another gang
+    than a training one (:func:`ranking_memory`; the sizes are then not used). Returns the
+    estimate."""
+    if need is None:
+        need = rank_memory(
+            config,
+            num_entities=num_entities,
+            num_relations=num_relations,
+            num_train=num_train,
+            world=world,
+            valid_candidates=valid_candidates,
+        )
     short = []
     for address, info in workers.items():
         limit = int(info.get("memory_limit") or 0)
@@ -233,3 +277,13 @@ def check_gang_memory(
             )
         )
     return need
+
+
+def check_test_gang(run: RunFolder, workers: dict[str, dict[str, Any]], world: int) -> RankMemory:
+    """:func:`check_gang_memory` for the gang that ranks ``run``'s test split."""
+    sizes = {"num_entities": run.num_entities, "num_relations": run.num_relations,
+             "num_train": run.num_train}  # fmt: skip
+    need = ranking_memory(
+        run.config, **sizes, world=world, test_candidates=run.candidate_shape("test")
+    )
+    return check_gang_memory(run.config, workers, world=world, need=need)
