@@ -411,8 +411,10 @@ def test_killed_training_process_resumes_from_the_last_commit(
             str(REPO / "configs" / "umls-complex.yaml"), "--quiet"]  # fmt: skip
 
     def sets_for(run_name: str) -> list[str]:
+        # threads pinned: bit-identical results need the same count (the default follows the
+        # machine's load, which another process on these cores changes from run to run)
         cfg = [f"run.root={root}", f"run.name={run_name}", "training.epochs=30",
-               "evaluation.every=10"]  # fmt: skip
+               "evaluation.every=10", "training.threads=2"]  # fmt: skip
         return [x for c in cfg for x in ("--set", c)]
 
     sets = sets_for(name)
