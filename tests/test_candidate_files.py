@@ -83,16 +83,41 @@ def test_npy_arrays_of_entity_numbers(tmp_path: Path) -> None:
         load_dataset(cfg)
 
 
+@pytest.mark.parametrize("labels", [["0", "1", "2", "3", "12"], ["0", "1", "2", "3", "012"]])
+def test_npy_numbers_map_by_their_decimal_form(tmp_path: Path, labels: list[str]) -> None:
+    """A lookup table where every label is a number's own decimal form; by the text otherwise
+    ("012" is not the number 12)."""
+    train = [f"{labels[i]}\tr\t{labels[(i + 1) % 5]}" for i in range(5)]
+    (tmp_path / "train.tsv").write_text("\n".join(train) + "\n")
+    (tmp_path / "valid.tsv").write_text(f"{labels[0]}\tr\t{labels[2]}\n")
+    np.save(tmp_path / "h.npy", np.array([[3, 0, 1]], dtype=np.int32))
+    np.save(tmp_path / "t.npy", np.array([[2, 12, 1]], dtype=np.int32))
+    cfg = DataConfig(
+        train=str(tmp_path / "train.tsv"),
+        valid=str(tmp_path / "valid.tsv"),
+        candidates={"valid": {"head": str(tmp_path / "h.npy"), "tail": str(tmp_path / "t.npy")}},
+    )
+    if labels[-1] == "012":
+        with pytest.raises(DataError, match=r"t\.npy: line 1, candidate 2: '12' is not an entity"):
+            load_dataset(cfg)
+        return
+    ds = load_dataset(cfg)
+    ids = ds.vocab.entity_index
+    assert ds.candidates["valid"].tail.tolist() == [[ids["2"], ids["12"], ids["1"]]]
+    assert ds.candidates["valid"].head.tolist() == [[ids["3"], ids["0"], ids["1"]]]
+
+
 @pytest.mark.parametrize(
     ("head", "message"),
     [
         (["a\tb", "b\tnope", "c\td", "d\te", "e\ta"], r"head\.tsv: line 2, candidate 2: 'nope'"),
+        (["a\tb", "b\tc", "c\tnope", "d\te", "e\ta"], r"line 3, candidate 2: 'nope'"),
         (["a\tb", "b\tc", "c\td", "d\te"], r"head\.tsv: 4 rows of candidates, and .*5 triples"),
         (["a\tb", "b\tc\td", "c\td", "d\te", "e\ta"], r"head\.tsv: line 2: 3 labels, .* has 2"),
         (["a\tb", "", "c\td", "d\te", "e\ta"], r"head\.tsv: line 2, candidate 1: empty"),
         (["a\tb", "b\tc", "c\td", "d\te", "e\ta", "a\tb"], r"6 rows of candidates"),
     ],
-    ids=["unknown", "short", "wide", "blank", "long"],
+    ids=["unknown", "unknown-in-a-dropped-row", "short", "wide", "blank", "long"],
 )
 def test_bad_files_name_the_file_and_the_line(
     tmp_path: Path, head: list[str], message: str

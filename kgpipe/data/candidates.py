@@ -16,9 +16,12 @@ unseen triples ``data.unseen: drop`` drops), so that row ``i`` of the staged arr
 triple ``i`` of the staged split. A label that is not an entity of the graph, a row of another
 length and a file of another number of rows are errors naming the file and the line.
 
-Labels are mapped in buffers of at least as many values as there are entities (a mapping call
-probes every entity label: :func:`kgpipe.data.columnar.positions`); memory is the ids
-(``int32`` where they fit) of the rows kept, one buffer and the entity labels.
+Every row is checked, the rows of dropped triples too. Text labels are mapped a buffer of at
+least four times as many labels as there are entities at a time (a call hashes every entity
+label), column after column, with one ``index_in``; the numbers of a ``.npy`` array go through a
+lookup table where every entity label is a number in its own decimal form (OGB's graphs), and
+by their text otherwise. Memory: the ids (``int32`` where they fit) of the rows kept, one buffer
+and the entity labels (and, for ``.npy``, the array).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from kgpipe.data.columnar import positions, retried_read
+from kgpipe.data.columnar import retried_read
 from kgpipe.data.dedup import ids_dtype
 from kgpipe.data.io import opened
 from kgpipe.data.labels import Labels
@@ -129,48 +132,53 @@ def read_candidates(
 
 
 class _Mapper:
-    """Maps buffered rows of labels to ids and keeps the rows in ``kept``."""
+    """Maps buffered rows of labels to ids (every row checked) and keeps the rows in ``kept``."""
 
     def __init__(self, url: str, entities: pa.Array, kept: np.ndarray, k: int) -> None:
         self.url, self.entities, self.kept, self.k = url, entities, kept, k
         self.out = np.empty((len(kept), k), dtype=ids_dtype(len(entities), 0))
         self.rows = 0  # rows read
         self.filled = 0  # rows of out written
-        self.pending: list[pa.Array] = []  # row-major labels of whole rows
+        self.pending: list[list[pa.Array]] = []  # per block: its k columns
         self.buffered = 0
-        self.at_once = max(len(entities), 1 << 20)
+        # a call hashes every entity label: map several times as many labels at once
+        self.at_once = max(4 * len(entities), 1 << 23)
 
-    def add(self, values: pa.Array) -> None:
-        self.pending.append(values)
-        self.buffered += len(values)
+    def add(self, columns: list[pa.Array]) -> None:
+        """The next rows, as ``k`` columns of labels."""
+        self.pending.append(columns)
+        self.buffered += len(columns[0]) * self.k
         if self.buffered >= self.at_once:
             self.flush()
 
     def flush(self) -> None:
         if not self.pending:
             return
-        values = pa.concat_arrays(self.pending)
+        n = sum(len(cols[0]) for cols in self.pending)
+        # column after column: the ids come back (k, n), and their transpose is the rows
+        values = pa.chunked_array([cols[j] for j in range(self.k) for cols in self.pending])
         self.pending, self.buffered = [], 0
-        n = len(values) // self.k
+        found = pc.index_in(values, value_set=self.entities)
+        if found.null_count:
+            self._unknown(values, found, n)
+        ids = found.to_numpy().reshape(self.k, n)
+        self.place(ids.T)
+
+    def place(self, ids: np.ndarray) -> None:
+        """Keep the rows of ``ids`` ``(n, k)`` (the next ``n`` rows read) that staging kept."""
+        n = len(ids)
         lo, hi = np.searchsorted(self.kept, [self.rows, self.rows + n])
         take = self.kept[lo:hi] - self.rows
-        if len(take):
-            flat = (take[:, None] * self.k + np.arange(self.k)).ravel()
-            chosen = values.take(pa.array(flat))
-            ids = positions(chosen, self.entities)
-            if ids is None:
-                self._unknown(chosen, take)
-            assert ids is not None
-            self.out[self.filled : self.filled + len(take)] = ids.reshape(-1, self.k)
-            self.filled += len(take)
+        self.out[self.filled : self.filled + len(take)] = ids[take]
+        self.filled += len(take)
         self.rows += n
 
-    def _unknown(self, chosen: pa.Array, take: np.ndarray) -> None:
-        found = pc.is_in(chosen, value_set=self.entities)
-        first = int(pc.index(found, False).as_py())
-        row, col = divmod(first, self.k)
-        label = chosen[first].as_py()
-        line = self.rows + int(take[row]) + 1
+    def _unknown(self, values: pa.ChunkedArray, found: pa.ChunkedArray, n: int) -> None:
+        first = int(pc.index(found.is_null(), True).as_py())
+        col, row = divmod(first, n)
+        self.fail(self.rows + row + 1, col, values[first].as_py())
+
+    def fail(self, line: int, col: int, label: str) -> None:
         if not label:
             raise DataError(self.url, f"line {line}, candidate {col + 1}: empty (a blank line?)")
         raise DataError(
@@ -192,7 +200,7 @@ def _text(
         try:
             for batch in _batches(f, k):
                 if batch.num_rows:
-                    mapper.add(_row_major([batch.column(i) for i in range(k)]))
+                    mapper.add([batch.column(i) for i in range(k)])
         except pa.ArrowInvalid:
             _locate(url, storage_options)
             raise DataError(url, "cannot be read as tab-separated labels") from None
@@ -218,14 +226,6 @@ def _batches(f: _Sha, k: int) -> Iterator[pa.RecordBatch]:
     )
 
 
-def _row_major(cols: list[pa.Array]) -> pa.Array:
-    """The labels of ``cols`` (one array per position in a row), row after row."""
-    k, n = len(cols), len(cols[0])
-    values = pa.concat_arrays(cols)
-    order = (np.arange(k)[None, :] * n + np.arange(n)[:, None]).ravel()
-    return values.take(pa.array(order))
-
-
 def _locate(url: str, storage_options: dict[str, Any] | None) -> None:
     """Raise the first line that is not a row of as many labels as the first."""
     with opened(url, storage_options) as raw:
@@ -244,10 +244,20 @@ def _locate(url: str, storage_options: dict[str, Any] | None) -> None:
 def _npy(
     url: str, storage_options: dict[str, Any] | None, entities: pa.Array, kept: np.ndarray
 ) -> tuple[np.ndarray, int, str]:
-    with opened(url, storage_options) as raw:
-        data = raw.read()
+    sha = hashlib.sha256()
+    local = url.removeprefix("file://") if "://" not in url or url.startswith("file://") else None
     try:
-        array = np.load(io.BytesIO(data), allow_pickle=False)
+        if local is not None:  # mapped, not read into memory (and hashed a block at a time)
+            with open(local, "rb") as f:
+                for chunk in iter(lambda: f.read(_BLOCK), b""):
+                    sha.update(chunk)
+            array = np.load(local, mmap_mode="r", allow_pickle=False)
+        else:
+            with opened(url, storage_options) as raw:
+                data = raw.read()
+            sha.update(data)
+            array = np.load(io.BytesIO(data), allow_pickle=False)
+            del data
     except ValueError as err:
         raise DataError(url, f"not a .npy array: {err}") from None
     if array.ndim != 2 or array.dtype.kind not in "iu":
@@ -255,8 +265,39 @@ def _npy(
             url, f"a {array.dtype} array of shape {array.shape}: need integers (triples, k)"
         )
     mapper = _Mapper(url, entities, kept, int(array.shape[1]))
+    lookup = _number_lookup(entities)
     step = max(1, mapper.at_once // max(1, mapper.k))
     for lo in range(0, len(array), step):
-        mapper.add(pa.array(array[lo : lo + step].ravel()).cast(pa.large_string()))
+        block = np.asarray(array[lo : lo + step])
+        if lookup is None:  # labels that are not all numbers: by their text
+            mapper.add([pa.array(block[:, j]).cast(pa.large_string()) for j in range(mapper.k)])
+            continue
+        inside = (block >= 0) & (block < len(lookup))
+        ids = lookup[np.where(inside, block, 0)]
+        bad = ~inside | (ids < 0)
+        if bad.any():
+            row, col = (int(x[0]) for x in np.nonzero(bad))
+            mapper.fail(lo + row + 1, col, str(block[row, col]))
+        mapper.place(ids)
     mapper.flush()
-    return mapper.out, int(array.shape[0]), hashlib.sha256(data).hexdigest()
+    return mapper.out, int(array.shape[0]), sha.hexdigest()
+
+
+def _number_lookup(entities: pa.Array) -> np.ndarray | None:
+    """``lookup[number]``: the id of the entity whose label is that number written in decimal
+    (-1: none), where every label is one (OGB's graphs) and the largest is not far above their
+    count; else None."""
+    try:
+        numbers = pc.cast(entities, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if len(numbers) == 0 or numbers.null_count:
+        return None
+    if not pc.all(pc.equal(pc.cast(numbers, pa.large_string()), entities)).as_py():
+        return None  # "007", "+7": labels that are not a number's own decimal form
+    values = numbers.to_numpy()
+    if int(values.min()) < 0 or int(values.max()) > 4 * len(values) + (1 << 20):
+        return None
+    lookup = np.full(int(values.max()) + 1, -1, dtype=ids_dtype(len(values), 0))
+    lookup[values] = np.arange(len(values), dtype=lookup.dtype)
+    return lookup

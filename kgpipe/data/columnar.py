@@ -56,7 +56,6 @@ from kgpipe.retry import RetryPolicy, retrying
 __all__ = [
     "FileScan",
     "columnar_ids",
-    "positions",
     "retried_read",
     "scan_file",
     "sorted_labels",
@@ -350,7 +349,7 @@ def columnar_ids(
             k, buffered, text = len(h), 0, 0
             if pos + k > scan.rows:
                 return False
-            both_np = positions(pa.concat_arrays([h, t]), entities)
+            both_np = _positions(pa.concat_arrays([h, t]), entities)
             rel = pc.index_in(r, value_set=relations)
             if both_np is None or rel.null_count:
                 return False
@@ -383,7 +382,7 @@ def columnar_ids(
     return result
 
 
-def positions(values: pa.Array, labels: pa.Array) -> np.ndarray | None:
+def _positions(values: pa.Array, labels: pa.Array) -> np.ndarray | None:
     """The position of each of ``values`` in ``labels`` (distinct), or None if one is not
     there. The hash is of the distinct ``values``; every label is looked up in it."""
     encoded = values.dictionary_encode()
