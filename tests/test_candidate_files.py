@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from candidate_files import umls_entities, umls_lines, write_candidate_files
+from cli_support import run_cli
 from test_evaluation import _case
 
 from kgpipe.config import DataConfig, parse_config
@@ -79,7 +80,7 @@ def test_npy_arrays_of_entity_numbers(tmp_path: Path) -> None:
     assert found.head.tolist() == [[ids[str(x)] for x in row] for row in neg.tolist()]
     assert found.tail.tolist() == [[ids[str(x)] for x in row] for row in neg[::-1].tolist()]
     np.save(tmp_path / "t.npy", np.array([[1, 2, 99], [0, 0, 3]]))
-    with pytest.raises(DataError, match=r"t\.npy.*line 1, candidate 3: '99' is not an entity"):
+    with pytest.raises(DataError, match=r"t\.npy.*row 1, candidate 3: '99' is not an entity"):
         load_dataset(cfg)
 
 
@@ -98,7 +99,7 @@ def test_npy_numbers_map_by_their_decimal_form(tmp_path: Path, labels: list[str]
         candidates={"valid": {"head": str(tmp_path / "h.npy"), "tail": str(tmp_path / "t.npy")}},
     )
     if labels[-1] == "012":
-        with pytest.raises(DataError, match=r"t\.npy: line 1, candidate 2: '12' is not an entity"):
+        with pytest.raises(DataError, match=r"t\.npy: row 1, candidate 2: '12' is not an entity"):
             load_dataset(cfg)
         return
     ds = load_dataset(cfg)
@@ -125,6 +126,28 @@ def test_bad_files_name_the_file_and_the_line(
     tail = ["b\tb", "c\tc", "d\td", "e\te", "a\ta"]
     with pytest.raises(DataError, match=message):
         load_dataset(_files(tmp_path, {"head": head, "tail": tail}))
+
+
+def test_bad_bytes_and_arrays_are_clear_errors(tmp_path: Path) -> None:
+    tail = ["b\tb", "c\tc", "d\td", "e\te", "a\ta"]
+    cfg = _files(tmp_path, {"head": ["a\tb"] * 5, "tail": tail})
+    (tmp_path / "head.tsv").write_bytes(b"a\tb\nb\tc\nc\t\xffd\nd\te\ne\ta\n")
+    with pytest.raises(DataError, match=r"head\.tsv: line 3: not UTF-8 \(byte 3 of the line\)"):
+        load_dataset(cfg)
+
+    def npz(path: Path) -> None:
+        with open(path, "wb") as f:  # a name would get ".npz" appended
+            np.savez(f, a=np.zeros((5, 2)))
+
+    for name, save, message in [
+        ("z.npy", npz, "an .npz archive"),
+        ("e.npy", lambda p: np.save(p, np.zeros((5, 0), dtype=np.int64)), "k >= 1"),
+        ("f.npy", lambda p: np.save(p, np.zeros((5, 2))), "float64 array"),
+    ]:
+        save(tmp_path / name)
+        given = {"valid": {"head": str(tmp_path / name), "tail": str(tmp_path / "tail.tsv")}}
+        with pytest.raises(DataError, match=message):
+            load_dataset(DataConfig(**{**cfg.model_dump(), "candidates": given}))
 
 
 def test_the_unseen_entities_train_drops_are_not_candidates(tmp_path: Path) -> None:
@@ -212,6 +235,34 @@ def test_a_run_validates_and_tests_against_the_files(tmp_path: Path) -> None:
     assert again["protocol"]["candidates"] == "files-20"
     full = evaluate_run(str(tmp_path / "run"), candidates="all")
     assert full["protocol"]["candidates"] == "all entities" and full["mrr"] < res["mrr"]
+    # the run's staged candidates are ranked, not the files as they are now
+    for side in ("head", "tail"):
+        Path(section["test"][side]).unlink()
+    assert evaluate_run(str(tmp_path / "run"))["mrr"] == pytest.approx(res["mrr"], rel=1e-12)
+
+
+def test_the_cli_names_the_files_and_the_unfiltered_ranking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    section = write_candidate_files(tmp_path, k=7, splits=("test",))
+    (tmp_path / "c.yaml").write_text(
+        json.dumps(
+            {
+                "run": {"root": str(tmp_path), "name": "run"},
+                "data": {"dataset": "umls", "candidates": section},
+                "model": {"name": "distmult", "dim": 8},
+                "training": {"epochs": 1, "batch_size": 512, "negatives": 4},
+            }
+        )
+    )
+    code, out, err = run_cli(["train", "-c", str(tmp_path / "c.yaml"), "-q"], capsys)
+    assert code == 0, err
+    assert "triples, unfiltered)" in out + err
+    assert "ranked against 7 candidates per query (from data.candidates files)" in out + err
+    code, out, err = run_cli(["evaluate", str(tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert "unfiltered" in out + err and "from data.candidates files" in out + err
+    assert "| metric (test, unfiltered) |" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_the_config_refuses_mixed_protocols(tmp_path: Path) -> None:

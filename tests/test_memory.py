@@ -96,7 +96,8 @@ def test_a_test_ranking_rank_holds_its_share_of_the_tables_and_no_optimiser_stat
     assert m.step == 12 * 1000  # the shard map
     assert m.validation == 2 * 4 * 8 * 101 + 5 * 256 * 500  # its half of the entities
     with_files = ranking_memory(config, **sizes, test_candidates=(300, 20))
-    assert with_files.validation > 2 * 300 * 20 * 4  # both sides' staged ids, and the pairs
+    pairs = 256 * 21  # both sides' staged int32 ids, the chunk's pairs and their rows
+    assert with_files.validation == 2 * 4 * 8 * 101 + 2 * 300 * 20 * 4 + 45 * pairs + 240 * pairs
 
 
 def test_a_sharded_rank_holds_its_shards_and_no_copy_of_them_at_a_commit() -> None:

@@ -67,8 +67,8 @@ def test_train_from_s3_into_s3(
 def test_candidate_files_from_s3_into_an_s3_run(
     s3_server: S3Server, datasets_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``data.candidates`` read from the store (gzipped text and a .npy array), staged into a run
-    folder on the store and read back from it (not memory-mapped) at the test."""
+    """``data.candidates`` read from the store (gzipped and plain text), staged into a run folder
+    on the store and read back from it (downloaded, not memory-mapped) at the test."""
     import numpy as np
 
     fs = _fs(s3_server)

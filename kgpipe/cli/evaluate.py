@@ -9,7 +9,7 @@ from typing import Literal
 from rich.console import Console
 
 from kgpipe.cli.arguments import CHECKPOINT_HELP, checkpoint, positive_int, storage_errors, url
-from kgpipe.cli.output import EvalProgress, print_metrics
+from kgpipe.cli.output import EvalProgress, print_metrics, ranking_word
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.read import evaluate_run
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             if "checkpoint_epoch" in results
             else ""
         )
-        title = f"{args.split} ({results['triples']} triples, filtered{model})"
+        title = f"{args.split} ({results['triples']} triples, {ranking_word(results)}{model})"
         print_metrics(console, results, title)
         console.print(f"{results['seconds']:.2f} s")
     return 0

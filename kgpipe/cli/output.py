@@ -143,10 +143,16 @@ def print_metrics(console: Console, results: dict[str, Any], title: str) -> None
     console.print(table)
     sets = results.get("protocol", {}).get("candidate_sets")
     if sets is not None:  # a title is cut to the table's width: a line of its own
+        source = f"seed {sets['seed']}" if "seed" in sets else "from data.candidates files"
         console.print(
-            f"ranked against {sets['per_query']} candidates per query (seed {sets['seed']}), "
+            f"ranked against {sets['per_query']} candidates per query ({source}), "
             "not all entities: not comparable with full ranking"
         )
+
+
+def ranking_word(results: dict[str, Any]) -> str:
+    """How the metrics were ranked, for a title: ``filtered`` or ``unfiltered``."""
+    return "filtered" if results.get("protocol", {}).get("filter", True) else "unfiltered"
 
 
 class Terminated(BaseException):

@@ -8,7 +8,7 @@ import time
 from rich.console import Console
 
 from kgpipe.cli.orchestrators import NONE, load_orchestrator
-from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics
+from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
 from kgpipe.config import load_config
 from kgpipe.errors import ConfigError
 from kgpipe.pipeline import train
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if progress is not None:
             progress.close()
     if results is not None:
-        print_metrics(console, results, f"test ({results['triples']} triples, filtered)")
+        title = f"test ({results['triples']} triples, {ranking_word(results)})"
+        print_metrics(console, results, title)
     console.print(f"run folder: {url}  ({time.perf_counter() - t0:.1f} s)")
     return 0

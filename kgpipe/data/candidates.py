@@ -143,6 +143,7 @@ class _Mapper:
         self.buffered = 0
         # a call hashes every entity label: map several times as many labels at once
         self.at_once = max(4 * len(entities), 1 << 23)
+        self.where = "line"  # what a row is called in errors (an array's: "row")
 
     def add(self, columns: list[pa.Array]) -> None:
         """The next rows, as ``k`` columns of labels."""
@@ -179,11 +180,10 @@ class _Mapper:
         self.fail(self.rows + row + 1, col, values[first].as_py())
 
     def fail(self, line: int, col: int, label: str) -> None:
+        at = f"{self.where} {line}, candidate {col + 1}"
         if not label:
-            raise DataError(self.url, f"line {line}, candidate {col + 1}: empty (a blank line?)")
-        raise DataError(
-            self.url, f"line {line}, candidate {col + 1}: {label!r} is not an entity of the graph"
-        )
+            raise DataError(self.url, f"{at}: empty (a blank line?)")
+        raise DataError(self.url, f"{at}: {label!r} is not an entity of the graph")
 
 
 def _text(
@@ -227,13 +227,19 @@ def _batches(f: _Sha, k: int) -> Iterator[pa.RecordBatch]:
 
 
 def _locate(url: str, storage_options: dict[str, Any] | None) -> None:
-    """Raise the first line that is not a row of as many labels as the first."""
+    """Raise the first line that is not UTF-8, or not a row of as many labels as the first."""
     with opened(url, storage_options) as raw:
         k = None
-        for number, line in enumerate(io.TextIOWrapper(raw, encoding="utf-8", newline=""), 1):
-            fields = line.rstrip("\r\n").split("\t")
+        for number, data in enumerate(raw, 1):
+            try:
+                line = data.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                raise DataError(
+                    url, f"line {number}: not UTF-8 (byte {err.start + 1} of the line)"
+                ) from None
+            fields = line.split("\t")
             k = len(fields) if k is None else k
-            if not line.rstrip("\r\n"):
+            if not line:
                 raise DataError(url, f"line {number}: blank (each line is a triple's row)")
             if len(fields) != k:
                 raise DataError(
@@ -260,11 +266,14 @@ def _npy(
             del data
     except ValueError as err:
         raise DataError(url, f"not a .npy array: {err}") from None
-    if array.ndim != 2 or array.dtype.kind not in "iu":
+    if not isinstance(array, np.ndarray):  # np.load opens an .npz archive too
+        raise DataError(url, "not a .npy array (an .npz archive? save each array with np.save)")
+    if array.ndim != 2 or array.dtype.kind not in "iu" or array.shape[1] == 0:
         raise DataError(
-            url, f"a {array.dtype} array of shape {array.shape}: need integers (triples, k)"
+            url, f"a {array.dtype} array of shape {array.shape}: need integers (triples, k >= 1)"
         )
     mapper = _Mapper(url, entities, kept, int(array.shape[1]))
+    mapper.where = "row"
     lookup = _number_lookup(entities)
     step = max(1, mapper.at_once // max(1, mapper.k))
     for lo in range(0, len(array), step):

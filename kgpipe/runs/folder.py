@@ -57,6 +57,7 @@ __all__ = [
     "run_store",
     "save_candidates",
     "save_ids",
+    "staged_candidates",
 ]
 
 CONFIG = "config.yaml"
@@ -122,23 +123,25 @@ def save_candidates(store: Store, split: str, found: SplitCandidates) -> None:
 
 
 def _load_array(store: Store, rel: str) -> np.ndarray:
-    """A staged array: memory-mapped from a local run folder, else read."""
+    """A staged array: memory-mapped from a local run folder, else downloaded (with retries) to
+    a temporary file and read from it (one copy in memory, not the bytes and the array)."""
     if store.local:
         array: np.ndarray = np.load(store.path(rel), mmap_mode="r", allow_pickle=False)
         return array
-    loaded: np.ndarray = np.load(io.BytesIO(store.read_bytes(rel)), allow_pickle=False)
+    with store.local_copy(rel) as path:
+        loaded: np.ndarray = np.load(path, allow_pickle=False)
     return loaded
 
 
-def split_candidates(
-    config: RunConfig, split: str, files: SplitCandidates | None = None
-) -> Candidates | None:
-    """The candidate sets ``split`` is ranked against: ``files`` (read from ``data.candidates``)
-    where given, else drawn as ``evaluation.candidates`` says (None: all entities)."""
-    if files is None:
+def staged_candidates(store: Store, config: RunConfig, split: str) -> Candidates | None:
+    """The candidate sets ``split`` of the run in ``store`` is ranked against: the staged files of
+    ``data.candidates`` (memory-mapped where the run folder is local), else drawn as
+    ``evaluation.candidates`` says (None: all entities)."""
+    given = config.data.candidates
+    if given is None or getattr(given, split) is None:
         return QueryCandidates.from_config(config, split)
-    filtered = config.data.candidates is not None and config.data.candidates.filtered
-    return FileCandidates(split, files.head, files.tail, filtered=filtered)
+    head, tail = (_load_array(store, f"{CANDIDATES}/{split}-{s}.npy") for s in SIDES)
+    return FileCandidates(split, head, tail, filtered=given.filtered)
 
 
 @dataclass
@@ -205,14 +208,8 @@ class RunFolder:
         )
 
     def candidates(self, split: str) -> Candidates | None:
-        """The candidate sets of ``split``: the staged files of ``data.candidates`` (memory-mapped
-        where the run folder is local), or drawn (``evaluation.candidates``), or None."""
-        given = self.config.data.candidates
-        if given is None or getattr(given, split) is None:
-            return QueryCandidates.from_config(self.config, split)
-        store = self.store
-        head, tail = (_load_array(store, f"{CANDIDATES}/{split}-{s}.npy") for s in SIDES)
-        return FileCandidates(split, head, tail, filtered=given.filtered)
+        """The candidate sets of ``split`` (:func:`staged_candidates`)."""
+        return staged_candidates(self.store, self.config, split)
 
     def candidate_shape(self, split: str) -> tuple[int, int] | None:
         """``(rows, k)`` of the staged candidate files of ``split`` (rows as read, before the

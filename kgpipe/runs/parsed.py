@@ -54,9 +54,14 @@ def file_versions(data: DataConfig) -> tuple[tuple[str, Any, str], ...] | None:
     """``(url, size, version)`` of every input file, or None when one cannot be told (then
     nothing is reused)."""
     out = []
-    for src in sources(data):
+    files = [(src.url, src.storage_options) for src in sources(data)]
+    given = data.candidates
+    for split in (given.valid, given.test) if given is not None else ():
+        if split is not None:  # the candidate files are input too
+            files += [(split.head, data.storage_options), (split.tail, data.storage_options)]
+    for url, options in files:
         try:
-            fs, path = url_to_fs(src.url, **(src.storage_options or {}))
+            fs, path = url_to_fs(url, **(options or {}))
             with contextlib.suppress(Exception):
                 fs.invalidate_cache(path)  # not a listing cached before the file changed
             info = fs.info(path)
@@ -65,7 +70,7 @@ def file_versions(data: DataConfig) -> tuple[tuple[str, Any, str], ...] | None:
         version = {k: str(info[k]) for k in _VERSION_KEYS if info.get(k) is not None}
         if not version:
             return None
-        out.append((src.url, info.get("size"), repr(sorted(version.items()))))
+        out.append((url, info.get("size"), repr(sorted(version.items()))))
     return tuple(out)
 
 

@@ -20,6 +20,7 @@ from kgpipe.evaluation import FilterIndex, ProgressFn
 from kgpipe.export import load_model
 from kgpipe.model_file import map_checkpoint, map_stored
 from kgpipe.models.model import KGEModel, spec_from_config
+from kgpipe.query_candidates import QueryCandidates
 from kgpipe.runs.finish import test_results
 from kgpipe.runs.folder import (
     CONFIG,
@@ -29,7 +30,7 @@ from kgpipe.runs.folder import (
     VALID_IDS,
     VOCAB,
     load_ids,
-    split_candidates,
+    staged_candidates,
 )
 from kgpipe.storage import Store, check_reachable
 
@@ -188,7 +189,8 @@ def evaluate_run(
     if isinstance(candidates, int) and candidates < 1:
         raise RunError(f"candidates must be a positive number or 'all', not {candidates}")
     run = load_run(url, storage_options, checkpoint=checkpoint)
-    dataset = load_dataset(run.config.data)
+    # the triples are read again (the filter); the candidates are the run's staged ones
+    dataset = load_dataset(run.config.data.model_copy(update={"candidates": None}))
     if dataset.vocab != run.vocab:
         raise RunError(
             f"{url}: the data now at the configured paths does not match the run's vocabulary "
@@ -210,8 +212,10 @@ def evaluate_run(
     index = FilterIndex.from_triples(
         [dataset.train, dataset.valid, dataset.test], dataset.num_relations
     )
-    files = dataset.candidates.get(split) if candidates is None else None
-    chosen = split_candidates(cfg, split, files)
+    if candidates is None:
+        chosen = staged_candidates(run.store, cfg, split)
+    else:  # drawn (evaluation.candidates: k) or all entities, not the run's files
+        chosen = QueryCandidates.from_config(cfg, split)
     results = test_results(cfg, run.model, triples, index, split, progress, candidates=chosen)
     if run.checkpoint is not None:
         results["checkpoint_epoch"] = run.checkpoint.epoch

@@ -235,7 +235,8 @@ def markdown_report(
     lines.append("")
     if results is not None:
         prev = (previous or {}).get("results") or {}
-        lines += ["| metric (test, filtered) | this run | previous model |", "|---|---:|---:|"]
+        ranking = "filtered" if results.get("protocol", {}).get("filter", True) else "unfiltered"
+        lines += [f"| metric (test, {ranking}) | this run | previous model |", "|---|---:|---:|"]
         for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
             lines.append(f"| {k} | {_fmt(results[k])} | {_fmt(prev.get(k))} |")
         if previous:
