@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from candidate_files import umls_entities, umls_lines, write_candidate_files
-from cli_support import run_cli
 from test_evaluation import _case
 
 from kgpipe.config import DataConfig, parse_config
@@ -239,30 +238,6 @@ def test_a_run_validates_and_tests_against_the_files(tmp_path: Path) -> None:
     for side in ("head", "tail"):
         Path(section["test"][side]).unlink()
     assert evaluate_run(str(tmp_path / "run"))["mrr"] == pytest.approx(res["mrr"], rel=1e-12)
-
-
-def test_the_cli_names_the_files_and_the_unfiltered_ranking(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    section = write_candidate_files(tmp_path, k=7, splits=("test",))
-    (tmp_path / "c.yaml").write_text(
-        json.dumps(
-            {
-                "run": {"root": str(tmp_path), "name": "run"},
-                "data": {"dataset": "umls", "candidates": section},
-                "model": {"name": "distmult", "dim": 8},
-                "training": {"epochs": 1, "batch_size": 512, "negatives": 4},
-            }
-        )
-    )
-    code, out, err = run_cli(["train", "-c", str(tmp_path / "c.yaml"), "-q"], capsys)
-    assert code == 0, err
-    assert "triples, unfiltered)" in out + err
-    assert "ranked against 7 candidates per query (from data.candidates files)" in out + err
-    code, out, err = run_cli(["evaluate", str(tmp_path / "run")], capsys)
-    assert code == 0, err
-    assert "unfiltered" in out + err and "from data.candidates files" in out + err
-    assert "| metric (test, unfiltered) |" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_the_config_refuses_mixed_protocols(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 import yaml
+from candidate_files import write_candidate_files
+from cli_support import run_cli
 
 from kgpipe.cli import main
 
@@ -388,3 +390,30 @@ def test_ls_prints_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
 def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:
     proc = _run_cli("train", "-c", str(_config(tmp_path)), "--resume", "--overwrite", cwd=tmp_path)
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
+
+
+# in this module, not tests/test_candidate_files.py: `kgpipe train` run in this process leaves
+# Prefect's console handler on the root logger, bound to pytest's captured stderr; the modules
+# that run before this one (tests/test_checkpoint.py) check stderr for tracebacks
+def test_the_cli_names_the_files_and_the_unfiltered_ranking(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    section = write_candidate_files(tmp_path, k=7, splits=("test",))
+    (tmp_path / "c.yaml").write_text(
+        json.dumps(
+            {
+                "run": {"root": str(tmp_path), "name": "run"},
+                "data": {"dataset": "umls", "candidates": section},
+                "model": {"name": "distmult", "dim": 8},
+                "training": {"epochs": 1, "batch_size": 512, "negatives": 4},
+            }
+        )
+    )
+    code, out, err = run_cli(["train", "-c", str(tmp_path / "c.yaml"), "-q"], capsys)
+    assert code == 0, err
+    assert "triples, unfiltered)" in out + err
+    assert "ranked against 7 candidates per query (from data.candidates files)" in out + err
+    code, out, err = run_cli(["evaluate", str(tmp_path / "run")], capsys)
+    assert code == 0, err
+    assert "unfiltered" in out + err and "from data.candidates files" in out + err
+    assert "| metric (test, unfiltered) |" in (tmp_path / "run" / "report.md").read_text()
