@@ -23,19 +23,36 @@ class FaultAt(Callback):
     (``"raise"``) -- once: a marker file records that it fired (and when, as its last line), so
     the relaunched gang runs clean."""
 
-    def __init__(self, kind: str, *, rank: int, epoch: int, step: int, marker: Path) -> None:
+    def __init__(
+        self,
+        kind: str,
+        *,
+        rank: int,
+        epoch: int,
+        step: int,
+        marker: Path,
+        after: Path | None = None,
+    ) -> None:
         if kind not in ("kill", "stop", "raise"):
             raise ValueError(kind)
         self.kind = kind
         self.rank = rank
         self.at = (epoch, step)
         self.marker = str(marker)
+        # fire only once this file exists (a commit's manifest: a commit written in the
+        # background has landed), waiting for it up to a minute
+        self.after = str(after) if after is not None else None
 
     def on_batch_end(
         self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
     ) -> None:
         if trainer.rank != self.rank or (epoch, step) != self.at or os.path.exists(self.marker):
             return
+        deadline = time.monotonic() + 60
+        while self.after is not None and not os.path.exists(self.after):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.after} did not appear")
+            time.sleep(0.05)
         Path(self.marker).write_text(
             f"{self.kind} at {epoch}:{step} on rank {self.rank}\n{time.time()}\n"
         )
@@ -61,12 +78,24 @@ class RecordModel(Callback):
 
 class SlowShardWrites(Callback):
     """On rank ``rank``, every checkpoint file write first sleeps ``seconds`` (a slow object
-    store): patched into the rank's process at the start, restored at the end."""
+    store): patched into the rank's process at the start, restored at the end. With ``log``,
+    each write appends ``written <epoch> <time>`` to that file when it ends, and each epoch
+    ``started <epoch> <time>`` when it starts."""
 
-    def __init__(self, *, rank: int, seconds: float) -> None:
+    def __init__(self, *, rank: int, seconds: float, log: Path | None = None) -> None:
         self.rank = rank
         self.seconds = seconds
+        self.log = str(log) if log is not None else None
         self._original: object = None
+
+    def _note(self, what: str) -> None:
+        if self.log is not None:
+            with open(self.log, "a") as f:
+                f.write(f"{what} {time.time()}\n")
+
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
+        if trainer.rank == self.rank:
+            self._note(f"started {epoch}")
 
     def on_train_start(self, trainer: TrainerView) -> None:
         if trainer.rank != self.rank:
@@ -75,10 +104,13 @@ class SlowShardWrites(Callback):
 
         original = CheckpointStore.write_file
         seconds = self.seconds
+        note = self._note
 
-        def slow(store: CheckpointStore, *args: object, **kwargs: object) -> object:
+        def slow(store: CheckpointStore, epoch: int, *args: object, **kwargs: object) -> object:
             time.sleep(seconds)
-            return original(store, *args, **kwargs)  # type: ignore[arg-type]
+            out = original(store, epoch, *args, **kwargs)  # type: ignore[arg-type]
+            note(f"written {epoch}")
+            return out
 
         self._original = original
         CheckpointStore.write_file = slow  # type: ignore[method-assign,assignment]

@@ -467,7 +467,9 @@ def test_failed_rank_recovers_bit_identically(
                             "chunk_size": 32}  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
     marker = tmp_path / "fault-fired"
-    injected = FaultAt(fault, rank=rank, epoch=3, step=10, marker=marker)
+    # after epoch 2's commit has landed (it is written in the background while epoch 3 trains)
+    landed = tmp_path / "faulty" / "checkpoints" / "epoch-000002" / "manifest.json"
+    injected = FaultAt(fault, rank=rank, epoch=3, step=10, marker=marker, after=landed)
     result = train(_config(str(tmp_path), "faulty", **over), rank_callbacks=[injected])
     assert marker.exists()
     assert result.results is None  # evaluation.test is off in these runs
@@ -492,6 +494,39 @@ def test_failed_rank_recovers_bit_identically(
             "died (process killed or lost); relaunching the gang from the checkpoint of epoch 2 "
             "in 0.1 s (restart 1/3)"
         ), warned[0]
+
+
+def test_a_rank_killed_while_a_background_commit_is_in_flight_loses_only_that_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Sharded, one segment of 4 epochs (validation at the end only), the commit of epoch 2 is
+    written in the background while epoch 3 trains; rank 1's writes take 4 s (a slow store),
+    and rank 0's worker is killed at epoch 3's second step, before that commit could land. The
+    gang is relaunched from epoch 1's commit (epoch 2's files are left uncommitted, then
+    replaced) and ends as an uninterrupted run."""
+    from rank_callbacks import SlowShardWrites
+
+    over: dict[str, Any] = {
+        "distributed": {"workers": 2, "sync": "step", "timeout_s": 30, "strategy": "sharded"},
+        "fault_tolerance": {"restart_backoff_s": 0.1},
+        "training": {"mode": "negative_sampling", "loss": "margin", "negatives": 16,
+                     "chunk_size": 32},
+        "evaluation": {"every": 4},
+    }  # fmt: skip
+    train(_config(str(tmp_path), "straight", **over))
+    marker = tmp_path / "fault-fired"
+    slow = SlowShardWrites(rank=1, seconds=4)
+    injected = FaultAt("kill", rank=0, epoch=3, step=2, marker=marker)
+    train(_config(str(tmp_path), "faulty", **over), rank_callbacks=[slow, injected])
+    assert marker.exists()
+    _assert_same_model(tmp_path / "straight", tmp_path / "faulty")
+    manifests = _manifests(tmp_path / "faulty")
+    assert sorted(manifests) == [1, 2, 3, 4]
+    # epoch 2 was committed again by the relaunched gang
+    assert [h["restarts"] for h in manifests[4]["history"]] == [0, 1, 1, 1]
+    warned = [r.getMessage() for r in caplog.records if r.name == "kgpipe.distributed"]
+    assert len(warned) == 1, warned
+    assert "relaunching the gang from the checkpoint of epoch 1 " in warned[0], warned[0]
 
 
 def test_resume_on_a_different_number_of_workers(tmp_path: Path) -> None:

@@ -9,7 +9,12 @@ import pytest
 
 from kgpipe.config import parse_config
 from kgpipe.errors import ConfigError
-from kgpipe.launch.memory import check_gang_memory, rank_memory, ranking_memory
+from kgpipe.launch.memory import (
+    check_gang_memory,
+    check_training_gang,
+    rank_memory,
+    ranking_memory,
+)
 from kgpipe.pipeline import train
 
 MIB = 2**20
@@ -100,14 +105,21 @@ def test_a_test_ranking_rank_holds_its_share_of_the_tables_and_no_optimiser_stat
     assert with_files.validation == 2 * 4 * 8 * 101 + 2 * 300 * 20 * 4 + 45 * pairs + 240 * pairs
 
 
-def test_a_sharded_rank_holds_its_shards_and_no_copy_of_them_at_a_commit() -> None:
+def test_a_sharded_rank_holds_its_shards_and_copies_them_for_a_background_commit() -> None:
     sharded = _config(
         model={"name": "transe", "dim": 10},
         distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
     )
     m = rank_memory(sharded, num_entities=1000, num_relations=5, num_train=0, world=2)
     tables = 4 * (500 * 10 + 5 * 10)  # 2 of 4 shards of 250 rows; relations replicated
-    assert (m.tables, m.optimizer, m.checkpoint) == (tables, 2 * tables, 0)
+    assert (m.tables, m.optimizer, m.checkpoint) == (tables, 2 * tables, 3 * tables)
+    foreground = _config(
+        model={"name": "transe", "dim": 10},
+        distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
+        checkpoint={"background": False},
+    )
+    f = rank_memory(foreground, num_entities=1000, num_relations=5, num_train=0, world=2)
+    assert f.checkpoint == 0  # written from the live tables' row blocks
     # the fetched rows and pushed gradients double a step's buffers; the shard map
     assert m.step == 2 * 4 * 2 * 512 * 258 * 10 + 12 * 1000
     odd = rank_memory(sharded, num_entities=1000, num_relations=5, num_train=0, world=3)
@@ -138,6 +150,42 @@ def test_a_rank_that_cannot_fit_its_worker_is_refused_with_the_numbers() -> None
     for part in ("needs about 3.22 GiB", "300.00 MiB", "memory limit is 3.00 GiB", "w2",
                  "distributed.memory_limit", "tables 381.51 MiB"):  # fmt: skip
         assert part in message, (part, message)
+
+
+def test_a_background_commit_that_does_not_fit_is_written_in_the_foreground() -> None:
+    """Where only the copy a background commit takes passes a worker's limit, the gang commits
+    in the foreground rather than being refused; where even that does not fit, it is refused.
+    A segment that commits only at its end (waited for at once) needs no copy."""
+    config = _config(
+        model={"name": "transe", "dim": 1000},
+        distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
+    )
+    sizes = {"num_entities": 100_000, "num_relations": 10, "num_train": 0, "world": 2}
+    m = rank_memory(config, **sizes)
+    assert m.checkpoint == m.tables + m.optimizer > 0
+
+    def worker(limit: int) -> dict[str, dict]:  # a limit that leaves `limit` for the rank
+        return {"w": {"memory_limit": int((limit + 100 * MIB) / 0.95) + 1,
+                      "metrics": {"memory": 100 * MIB}}}  # fmt: skip
+
+    epochs_1_to_5 = {"segment": (0, 5), **sizes}  # commits after epochs 1-4 in the background
+    assert check_training_gang(config, worker(m.total), **epochs_1_to_5) is config
+    launched = check_training_gang(config, worker(m.total - m.checkpoint), **epochs_1_to_5)
+    assert launched.checkpoint.background is False
+    assert launched.model_dump(exclude={"checkpoint"}) == config.model_dump(exclude={"checkpoint"})
+    with pytest.raises(ConfigError, match="memory limit"):
+        check_training_gang(config, worker(m.total - m.checkpoint - MIB), **epochs_1_to_5)
+    # epoch 5 alone: its commit ends the segment, no copy; the config is launched as it is
+    assert (
+        check_training_gang(config, worker(m.total - m.checkpoint), segment=(4, 5), **sizes)
+        is config
+    )
+    every5 = _config(
+        model={"name": "transe", "dim": 1000},
+        distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
+        checkpoint={"every": 5},
+    )
+    assert check_training_gang(every5, worker(m.total - m.checkpoint), **epochs_1_to_5) is every5
 
 
 def test_a_gang_over_its_memory_limit_is_refused_before_it_trains(tmp_path: Path) -> None:

@@ -376,6 +376,55 @@ def test_a_sharded_checkpoint_resumes_on_another_world_size(tmp_path: Path) -> N
             assert (a[key] - b[key]).abs().max().item() <= 1e-5, (name, key)
 
 
+def _checkpoint_tensors(folder: Path, epoch: int) -> dict[str, torch.Tensor]:
+    """Every tensor of a committed sharded checkpoint, by name (the shard files merged)."""
+    ckpt = folder / "checkpoints" / f"epoch-{epoch:06d}"
+    out: dict[str, torch.Tensor] = {}
+    for name in json.loads((ckpt / "manifest.json").read_text())["files"]:
+        out.update(load_file(ckpt / name))
+    return out
+
+
+def test_a_background_commit_writes_its_epoch_while_the_next_one_trains(tmp_path: Path) -> None:
+    """With checkpoint.background (the default), each rank copies its shards at the epoch's end
+    and a thread writes and commits them: rank 1's writes take 2 s (a slow store), and it
+    starts the next epoch before its file is written. Every checkpoint holds exactly what a
+    foreground commit of the same run writes (the state of its epoch, not a later one)."""
+    from rank_callbacks import SlowShardWrites
+
+    sections = {
+        "model": {"name": "transe", "dim": 16, "init": "uniform", "init_scale": 0.1},
+        "training": {**TRAINING, "epochs": 3, "loss": "margin"},
+    }
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 4}
+    log = tmp_path / "rank1.log"
+    train(
+        _config(tmp_path, "bg", **sections, checkpoint={"keep_last": 10}, distributed=gang),
+        rank_callbacks=[SlowShardWrites(rank=1, seconds=2, log=log)],
+    )
+    foreground = {"keep_last": 10, "background": False}
+    train(_config(tmp_path, "fg", **sections, checkpoint=foreground, distributed=gang))
+    for epoch in (1, 2, 3):
+        bg, fg = (
+            _checkpoint_tensors(tmp_path / "bg", epoch),
+            _checkpoint_tensors(tmp_path / "fg", epoch),
+        )
+        assert sorted(bg) == sorted(fg)
+        # not the writer's global RNG state: a record of the process, which no resume reads
+        differ = [k for k in fg if k != "rng.torch" and not torch.equal(bg[k], fg[k])]
+        assert differ == [], epoch
+    assert not torch.equal(
+        _checkpoint_tensors(tmp_path / "bg", 1)[shard_key(0, "table.entity")],
+        _checkpoint_tensors(tmp_path / "bg", 2)[shard_key(0, "table.entity")],
+    )  # the epochs differ: a snapshot taken late would show
+    events = {}
+    for line in log.read_text().splitlines():
+        what, epoch, at = line.split()
+        events[(what, int(epoch))] = float(at)
+    for epoch in (1, 2):  # training went on while the epoch's file was written
+        assert events[("started", epoch + 1)] < events[("written", epoch)], events
+
+
 def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -176,7 +176,9 @@ class CheckpointConfig(Frozen):
         default=True,
         description=(
             "Upload in a background thread while the next epoch trains (the state is copied "
-            "first); training waits only if the previous upload is still running."
+            "first: under the sharded strategy every rank copies its shards); training waits "
+            "only if the previous upload is still running. Where the copy would not fit the "
+            "workers' memory limit, a gang commits in the foreground instead."
         ),
     )
 

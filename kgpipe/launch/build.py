@@ -95,7 +95,7 @@ class BuiltTrainer:
     """A trainer and the callback whose background upload must be closed with it."""
 
     trainer: Trainer
-    saver: CheckpointCallback | None
+    saver: CheckpointCallback | ShardedCommit | None
 
 
 def splits_validation(config: RunConfig, world_size: int) -> bool:
@@ -162,7 +162,7 @@ def build_trainer(
         ordered.append(GovernorTicker(governor))
     if restarts is not None:
         ordered.append(RecordRestarts(restarts))
-    saver: CheckpointCallback | None = None
+    saver: CheckpointCallback | ShardedCommit | None = None
     split = splits_validation(config, world_size)
     if config.evaluation.every and (records or split):
         index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
@@ -184,17 +184,17 @@ def build_trainer(
             )
         )
     if sharded is not None:  # every rank writes its shards; rank 0 commits
-        ordered.append(
-            ShardedCommit(
-                run.checkpoints(fence=fence if records else None),
-                trainer.state,
-                sharded,
-                every=config.checkpoint.every,
-                until=until,
-                meta=run.manifest_meta(world_size),
-                group=commit_group,
-            )
+        saver = ShardedCommit(
+            run.checkpoints(fence=fence if records else None),
+            trainer.state,
+            sharded,
+            every=config.checkpoint.every,
+            until=until,
+            meta=run.manifest_meta(world_size),
+            group=commit_group,
+            background=config.checkpoint.background,
         )
+        ordered.append(saver)
     elif records:
         c = config.checkpoint
         saver = CheckpointCallback(

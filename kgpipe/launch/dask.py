@@ -25,7 +25,7 @@ from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.errors import ConfigError, RunError
 from kgpipe.evaluation import ProgressFn
-from kgpipe.launch.memory import check_gang_memory, check_test_gang
+from kgpipe.launch.memory import check_test_gang, check_training_gang
 from kgpipe.launch.rank import RankSpec, rank_main
 from kgpipe.launch.rank_test import rank_test
 from kgpipe.runs.callbacks import MetricsWriter
@@ -199,26 +199,24 @@ class DaskLauncher:
             )
             self.writer.reset(history)
             queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
+            if world > 1:  # NCCL refuses two ranks on one GPU: say so before the gang fails
+                _check_devices(client, config)
+            # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
+            launched = check_training_gang(
+                config, client.scheduler_info(n_workers=-1)["workers"], segment=(start, until),
+                world=world, num_entities=run.num_entities, num_relations=run.num_relations,
+                num_train=run.num_train, valid_candidates=run.candidate_shape("valid"),
+            )  # fmt: skip
             make_spec = functools.partial(
                 self._spec, queue=queue, world=world, start=found.epoch if found else None,
-                until=until,
+                until=until, config=launched,
             )  # fmt: skip
             self.say(
                 f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
                 + (f", from the checkpoint of epoch {start}" if start else "")
-            )
-            if world > 1:  # NCCL refuses two ranks on one GPU: say so before the gang fails
-                _check_devices(client, config)
-            # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
-            check_gang_memory(
-                config,
-                client.scheduler_info(n_workers=-1)["workers"],
-                num_entities=run.num_entities,
-                num_relations=run.num_relations,
-                num_train=run.num_train,
-                world=world,
-                valid_candidates=run.candidate_shape("valid"),
-            )
+                + ("" if launched is config else "; a background commit's copy would not fit"
+                   " the workers' memory: commits are written in the foreground")
+            )  # fmt: skip
             relay = _Relay(view, self.callbacks)
             try:
                 launch_gang(
@@ -236,9 +234,12 @@ class DaskLauncher:
                         f"fault_tolerance.max_restarts limit: {err}"
                     ) from None
                 delay = ft.restart_backoff_s * 2 ** (self._restarts - first - 1)
+                latest = start  # or later: a gang commits within a segment (checkpoint.every)
+                with contextlib.suppress(Exception):  # a message only; the relaunch reads again
+                    latest = max([start, *(c.epoch for c in checkpoints.committed())])
                 log_warning(
                     f"{err}; relaunching the gang from "
-                    + (f"the checkpoint of epoch {start}" if start else "the start")
+                    + (f"the checkpoint of epoch {latest}" if latest else "the start")
                     + f" in {delay:.1f} s (restart {self._restarts}/{ft.max_restarts})"
                 )
                 self.say(f"restart {self._restarts}/{ft.max_restarts} after: {err}")
@@ -319,8 +320,9 @@ class DaskLauncher:
         world: int,
         start: int | None,
         until: int,
+        config: RunConfig | None = None,  # default: the run's
     ) -> RankSpec:
-        run, config = self.run, self.run.config
+        run, config = self.run, config or self.run.config
         dcfg, t = config.distributed, config.training
         return RankSpec(
             config=config.model_dump(mode="json"),

@@ -21,8 +21,8 @@ the replicated strategy every rank holds:
   candidates, ``evaluation.candidates``, the pairs' ids and the rows gathered for a group of
   pairs instead);
 * under the sharded strategy (``distributed.strategy: sharded``), the tables and optimiser state
-  of its shards only (a commit writes them as they are: no copy), the fetched rows and pushed
-  gradients of a step, and the entity-to-shard map;
+  of its shards only (and every rank's commit copies them, in the background as above), the
+  fetched rows and pushed gradients of a step, and the entity-to-shard map;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   the scores against every entity and their gradient (``2 b entities`` floats).
@@ -149,8 +149,10 @@ def rank_memory(
     return RankMemory(
         tables=tables,
         optimizer=optimizer,
-        # a sharded commit is synchronous and writes its shards' row blocks as they are
-        checkpoint=(tables + optimizer) if config.checkpoint.background and not sharded else 0,
+        # the snapshot a background commit writes while the next epoch trains (every rank of a
+        # sharded gang: its shards, and rank 0 the relation part); in the foreground the
+        # files are written from the live tables' row blocks, no copy
+        checkpoint=(tables + optimizer) if config.checkpoint.background else 0,
         averaging=averaging,
         triples=triples,
         step=step,
@@ -223,6 +225,37 @@ def ranking_memory(
         step=12 * num_entities if sharded else 0,
         validation=_validation(config, num_entities, num_train, world, test_candidates),
     )
+
+
+def check_training_gang(
+    config: RunConfig,
+    workers: dict[str, dict[str, Any]],
+    *,
+    segment: tuple[int, int],
+    **sizes: Any,
+) -> RunConfig:
+    """:func:`check_gang_memory` for a gang that trains the epochs after ``segment[0]`` up to
+    ``segment[1]`` (``sizes``: the other keyword arguments); returns the config its ranks run.
+
+    A background commit's copy is counted only where the segment commits before its end (the
+    last commit is waited for at once, with no copy). Where that copy is all that does not fit,
+    the gang commits in the foreground (training waits for each commit) instead of being
+    refused."""
+    c = config.checkpoint
+    foreground = config.model_copy(
+        update={"checkpoint": c.model_copy(update={"background": False})}
+    )
+    start, until = segment
+    if c.background and any(e % c.every == 0 for e in range(start + 1, until)):
+        try:
+            check_gang_memory(config, workers, **sizes)
+            return config
+        except ConfigError:
+            pass
+        check_gang_memory(foreground, workers, **sizes)  # refused when it does not fit either
+        return foreground
+    check_gang_memory(foreground, workers, **sizes)  # no commit in the background to count
+    return config
 
 
 def check_gang_memory(

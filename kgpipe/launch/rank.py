@@ -281,9 +281,15 @@ def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, An
         del state  # copied into the tables and the optimiser: not a second copy while training
         try:
             trainer.fit(until=until)
-        finally:
+        except BaseException:
+            # the commit in flight finishes (the other ranks' commit threads wait for this
+            # one's part); its own failure does not hide the one that stopped training
             if built.saver is not None:
-                built.saver.close()
+                with contextlib.suppress(Exception):
+                    built.saver.close()
+            raise
+        if built.saver is not None:
+            built.saver.close()
         return {"rank": spec.rank, "epoch": trainer.epoch, "global_step": trainer.global_step}
     finally:
         if shared is not None:

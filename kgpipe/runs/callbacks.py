@@ -144,7 +144,9 @@ class CheckpointCallback(Callback):
         if stats.epoch % self.every and stats.epoch != self.until:
             return
         meta = {**self.meta, "valid_mrr": stats.extra.get("valid_mrr")}
-        self.writer.submit(self.state([*trainer.history, stats]), meta)
+        # the segment's last commit is waited for at once: no copy of the state for it
+        last = stats.epoch == self.until
+        self.writer.submit(self.state([*trainer.history, stats]), meta, wait=last)
 
     def on_train_end(self, trainer: TrainerView) -> None:
         self.writer.wait()
@@ -156,7 +158,7 @@ class CheckpointCallback(Callback):
 class CheckpointWriter:
     """Commits checkpoints, in a background thread when asked, one at a time.
 
-    :meth:`submit` copies the state and returns at once (background) or after the commit. A
+    :meth:`submit` copies the state and returns at once (background) or commits it (``wait``). A
     second submit waits for the first upload, so at most one snapshot is held. Errors of a
     background commit are raised by the next :meth:`submit` or by :meth:`wait`.
     """
@@ -174,9 +176,10 @@ class CheckpointWriter:
             log.warning("checkpoint retention: %s", err)
         return ckpt
 
-    def submit(self, state: TrainState, meta: dict[str, Any]) -> None:
+    def submit(self, state: TrainState, meta: dict[str, Any], *, wait: bool = False) -> None:
+        """Commit ``state``: in the background, or at once (``wait``, or without a thread)."""
         self.wait()
-        if self._pool is None:
+        if self._pool is None or wait:
             self._commit(state, meta)
         else:
             self._pending = self._pool.submit(self._commit, state.snapshot(), meta)

@@ -11,9 +11,16 @@ A commit (every ``checkpoint.every`` epochs and at the segment's end) is a colle
    tells the ranks the outcome, so that a failed commit fails the whole gang at once (it is
    relaunched from the last commit, as after any failed commit).
 
-The commit is synchronous (the files are written from the live tables between two steps): a
-background upload would have to copy the rows first, and the collectives cannot leave the
-training thread. The ranks wait for the slowest writer in the commit's own process group,
+With ``checkpoint.background`` (the default) a commit within a segment (``checkpoint.every``
+below the validation interval) runs in a thread of its own while the next epoch trains: each rank copies its shards' rows and optimiser state (the replicated part
+on rank 0) at the epoch's end, and the thread writes them and runs the commit's collectives in
+the commit's own process group, which the training thread never uses (so the two threads'
+collectives cannot interleave). One commit is in flight at a time: the next commit, and the end
+of training, wait for it, and raise its failure on every rank at that same point (every rank
+hears rank 0's outcome), so the gang fails as one and is relaunched from the last commit.
+Without it, without a process group of its own, and at the segment's end (where the gang stops
+and waits for its last commit anyway) the files are written from the live tables between two
+steps. Either way the ranks wait for the slowest writer in the commit's group,
 whose timeout is ``distributed.commit_timeout_s`` (the steps' collectives keep
 ``distributed.timeout_s``).
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -51,6 +59,7 @@ class ShardedCommit(Callback):
         until: int,
         meta: dict[str, Any],
         group: Any = None,
+        background: bool = False,
     ) -> None:
         self.checkpoints = checkpoints
         self.state = state
@@ -62,11 +71,46 @@ class ShardedCommit(Callback):
         self.until = until
         self.meta = meta
         self.committed: Checkpoint | None = None
+        # a thread's collectives must not share a group with the training thread's
+        self._pool = (
+            ThreadPoolExecutor(1, thread_name_prefix="kgpipe-shards")
+            if background and group is not None
+            else None
+        )
+        self._pending: Future[Checkpoint | None] | None = None
+
+    @property
+    def background(self) -> bool:
+        return self._pool is not None
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         if stats.epoch % self.every and stats.epoch != self.until:
             return
-        self.committed = self.commit(self.state([*trainer.history, stats]), stats)
+        self.wait()  # one commit in flight; its failure stops every rank here
+        state = self.state([*trainer.history, stats])
+        if self._pool is None or stats.epoch == self.until:
+            # the segment's last commit is waited for at once: written from the live tables
+            self.committed = self.commit(state, stats)
+        else:  # copied now (training goes on changing the tables), written by the thread
+            self._pending = self._pool.submit(self.commit, state.snapshot(), stats)
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        self.wait()
+
+    def wait(self) -> None:
+        """Block until the commit in flight is done; raise its failure."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.committed = pending.result()
+
+    def close(self) -> None:
+        """Wait for the commit in flight (its collectives need this rank's part), raise its
+        failure, and stop the thread."""
+        try:
+            self.wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
 
     def commit(self, state: TrainState, stats: EpochStats) -> Checkpoint | None:
         ex, store = self.exchange, self.checkpoints
