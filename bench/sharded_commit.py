@@ -10,8 +10,8 @@ Measured on rank 0: the wall time from the start of training to its end (the las
 included), and the pause: that wall time less the epochs' own seconds (each epoch's training
 loop), i.e. the time spent at epoch ends, which the commits dominate here.
 
-    .venv/bin/python bench/sharded_commit.py --entities 1000000 --edges 1000000 --epochs 4 \
-        --rounds 3 --json bench/results/sharded_commit_1000000.json
+    .venv/bin/python bench/sharded_commit.py --entities 2000000 --edges 2000000 --epochs 4 \
+        --rounds 3 --json bench/results/sharded_commit_2000000.json
 """
 
 from __future__ import annotations

@@ -23,36 +23,19 @@ class FaultAt(Callback):
     (``"raise"``) -- once: a marker file records that it fired (and when, as its last line), so
     the relaunched gang runs clean."""
 
-    def __init__(
-        self,
-        kind: str,
-        *,
-        rank: int,
-        epoch: int,
-        step: int,
-        marker: Path,
-        after: Path | None = None,
-    ) -> None:
+    def __init__(self, kind: str, *, rank: int, epoch: int, step: int, marker: Path) -> None:
         if kind not in ("kill", "stop", "raise"):
             raise ValueError(kind)
         self.kind = kind
         self.rank = rank
         self.at = (epoch, step)
         self.marker = str(marker)
-        # fire only once this file exists (a commit's manifest: a commit written in the
-        # background has landed), waiting for it up to a minute
-        self.after = str(after) if after is not None else None
 
     def on_batch_end(
         self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
     ) -> None:
         if trainer.rank != self.rank or (epoch, step) != self.at or os.path.exists(self.marker):
             return
-        deadline = time.monotonic() + 60
-        while self.after is not None and not os.path.exists(self.after):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.after} did not appear")
-            time.sleep(0.05)
         Path(self.marker).write_text(
             f"{self.kind} at {epoch}:{step} on rank {self.rank}\n{time.time()}\n"
         )
@@ -77,15 +60,26 @@ class RecordModel(Callback):
 
 
 class SlowShardWrites(Callback):
-    """On rank ``rank``, every checkpoint file write first sleeps ``seconds`` (a slow object
-    store): patched into the rank's process at the start, restored at the end. With ``log``,
+    """On rank ``rank``, every checkpoint file write (of ``epochs``, default all) first sleeps
+    ``seconds`` (a slow object store), then waits until the file ``wait_for`` exists (up to a
+    minute): patched into the rank's process at the start, restored at the end. With ``log``,
     each write appends ``written <epoch> <time>`` to that file when it ends, and each epoch
     ``started <epoch> <time>`` when it starts."""
 
-    def __init__(self, *, rank: int, seconds: float, log: Path | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        rank: int,
+        seconds: float,
+        log: Path | None = None,
+        epochs: tuple[int, ...] | None = None,
+        wait_for: Path | None = None,
+    ) -> None:
         self.rank = rank
         self.seconds = seconds
         self.log = str(log) if log is not None else None
+        self.epochs = epochs
+        self.wait_for = str(wait_for) if wait_for is not None else None
         self._original: object = None
 
     def _note(self, what: str) -> None:
@@ -103,17 +97,57 @@ class SlowShardWrites(Callback):
         from kgpipe.checkpoint import CheckpointStore
 
         original = CheckpointStore.write_file
-        seconds = self.seconds
+        seconds, epochs, wait_for = self.seconds, self.epochs, self.wait_for
         note = self._note
 
         def slow(store: CheckpointStore, epoch: int, *args: object, **kwargs: object) -> object:
-            time.sleep(seconds)
+            if epochs is None or epoch in epochs:
+                time.sleep(seconds)
+                deadline = time.monotonic() + 60
+                while wait_for is not None and not os.path.exists(wait_for):
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{wait_for} did not appear")
+                    time.sleep(0.05)
             out = original(store, epoch, *args, **kwargs)  # type: ignore[arg-type]
             note(f"written {epoch}")
             return out
 
         self._original = original
         CheckpointStore.write_file = slow  # type: ignore[method-assign,assignment]
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        if self._original is not None:
+            from kgpipe.checkpoint import CheckpointStore
+
+            CheckpointStore.write_file = self._original  # type: ignore[method-assign,assignment]
+            self._original = None
+
+
+class FailShardWrite(Callback):
+    """On rank ``rank``, the checkpoint file write of epoch ``epoch`` raises ``StorageFull`` (a
+    full store): patched into the rank's process at the start, restored at the end."""
+
+    def __init__(self, *, rank: int, epoch: int) -> None:
+        self.rank = rank
+        self.epoch = epoch
+        self._original: object = None
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        if trainer.rank != self.rank:
+            return
+        from kgpipe.checkpoint import CheckpointStore
+        from kgpipe.errors import StorageFull
+
+        original = CheckpointStore.write_file
+        failing = self.epoch
+
+        def full(store: CheckpointStore, epoch: int, *args: object, **kwargs: object) -> object:
+            if epoch == failing:
+                raise StorageFull(f"no room left for epoch {epoch}'s shards (injected)")
+            return original(store, epoch, *args, **kwargs)  # type: ignore[arg-type]
+
+        self._original = original
+        CheckpointStore.write_file = full  # type: ignore[method-assign,assignment]
 
     def on_train_end(self, trainer: TrainerView) -> None:
         if self._original is not None:

@@ -467,9 +467,7 @@ def test_failed_rank_recovers_bit_identically(
                             "chunk_size": 32}  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
     marker = tmp_path / "fault-fired"
-    # after epoch 2's commit has landed (it is written in the background while epoch 3 trains)
-    landed = tmp_path / "faulty" / "checkpoints" / "epoch-000002" / "manifest.json"
-    injected = FaultAt(fault, rank=rank, epoch=3, step=10, marker=marker, after=landed)
+    injected = FaultAt(fault, rank=rank, epoch=3, step=10, marker=marker)
     result = train(_config(str(tmp_path), "faulty", **over), rank_callbacks=[injected])
     assert marker.exists()
     assert result.results is None  # evaluation.test is off in these runs
@@ -500,10 +498,10 @@ def test_a_rank_killed_while_a_background_commit_is_in_flight_loses_only_that_co
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Sharded, one segment of 4 epochs (validation at the end only), the commit of epoch 2 is
-    written in the background while epoch 3 trains; rank 1's writes take 4 s (a slow store),
-    and rank 0's worker is killed at epoch 3's second step, before that commit could land. The
-    gang is relaunched from epoch 1's commit (epoch 2's files are left uncommitted, then
-    replaced) and ends as an uninterrupted run."""
+    written in the background while epoch 3 trains; rank 1's write of it waits until rank 0's
+    worker has been killed (at epoch 3's second step), so that commit cannot land. The gang is
+    relaunched from epoch 1's commit (epoch 2's files are left uncommitted, then replaced) and
+    ends as an uninterrupted run."""
     from rank_callbacks import SlowShardWrites
 
     over: dict[str, Any] = {
@@ -515,7 +513,7 @@ def test_a_rank_killed_while_a_background_commit_is_in_flight_loses_only_that_co
     }  # fmt: skip
     train(_config(str(tmp_path), "straight", **over))
     marker = tmp_path / "fault-fired"
-    slow = SlowShardWrites(rank=1, seconds=4)
+    slow = SlowShardWrites(rank=1, seconds=0, epochs=(2,), wait_for=marker)
     injected = FaultAt("kill", rank=0, epoch=3, step=2, marker=marker)
     train(_config(str(tmp_path), "faulty", **over), rank_callbacks=[slow, injected])
     assert marker.exists()

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from kgpipe.checkpoint import CheckpointStore
 from kgpipe.config import ModelConfig, RunConfig, parse_config
 from kgpipe.distributed.sharded import LocalIndex, ShardMap, owned_positions
-from kgpipe.errors import CheckpointError, ConfigError
+from kgpipe.errors import CheckpointError, ConfigError, KgpipeError
 from kgpipe.export import load_model
 from kgpipe.models.model import KGEModel
 from kgpipe.pipeline import train
@@ -423,6 +423,32 @@ def test_a_background_commit_writes_its_epoch_while_the_next_one_trains(tmp_path
         events[(what, int(epoch))] = float(at)
     for epoch in (1, 2):  # training went on while the epoch's file was written
         assert events[("started", epoch + 1)] < events[("written", epoch)], events
+
+
+def test_a_failed_background_commit_fails_every_rank_at_the_next_commit(tmp_path: Path) -> None:
+    """Rank 1's write of epoch 1's shards fails in the background (a full store): every rank
+    raises it at epoch 2's commit, as the StorageFull it was (not retried: the run stops with
+    the rank's message), and epoch 1 is not committed."""
+    from rank_callbacks import FailShardWrite
+
+    config = _config(
+        tmp_path,
+        "full",
+        model={"name": "transe", "dim": 8},
+        training={**TRAINING, "epochs": 3},
+        distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},
+        fault_tolerance={"max_restarts": 2, "restart_backoff_s": 0.1},
+    )
+    with pytest.raises(KgpipeError) as err:
+        train(config, rank_callbacks=[FailShardWrite(rank=1, epoch=1)])
+    message = str(err.value)
+    assert "the sharded checkpoint of epoch 1 was not committed" in message, message
+    assert "rank 1: no room left for epoch 1's shards (injected)" in message, message
+    assert "restart" not in message  # refused at once, not retried
+    folder = tmp_path / "full" / "checkpoints"
+    assert not list(folder.glob("*/manifest.json"))
+    # raised at epoch 2's commit, before rank 0 reported epoch 2; epoch 3 never trained
+    assert [m["epoch"] for m in _metrics(tmp_path, "full")] == [1]
 
 
 def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 
 from kgpipe.checkpoint import TrainState
@@ -78,7 +79,8 @@ class InProcessLauncher:
         try:
             trainer.fit(until=until)
         except BaseException:
-            self.close()
+            with contextlib.suppress(Exception):  # the training error is the one to report
+                self.close()
             raise
 
     def _build(self, state: TrainState | None, until: int) -> BuiltTrainer:

@@ -283,10 +283,11 @@ def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, An
             trainer.fit(until=until)
         except BaseException:
             # the commit in flight finishes (the other ranks' commit threads wait for this
-            # one's part); its own failure does not hide the one that stopped training
+            # one's part), for as long as a step would wait for a peer; its own failure does
+            # not hide the one that stopped training
             if built.saver is not None:
                 with contextlib.suppress(Exception):
-                    built.saver.close()
+                    built.saver.close(timeout=dcfg.timeout_s)
             raise
         if built.saver is not None:
             built.saver.close()

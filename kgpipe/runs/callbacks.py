@@ -151,7 +151,9 @@ class CheckpointCallback(Callback):
     def on_train_end(self, trainer: TrainerView) -> None:
         self.writer.wait()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
+        """Finish the upload in flight. (``timeout`` is for a sharded commit's collectives: an
+        upload here waits on the store alone, under its retries.)"""
         self.writer.close()
 
 

@@ -78,10 +78,7 @@ class ShardedCommit(Callback):
             else None
         )
         self._pending: Future[Checkpoint | None] | None = None
-
-    @property
-    def background(self) -> bool:
-        return self._pool is not None
+        self._own = exchange.own.cpu()  # once: not a device sync in the commit's thread
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         if stats.epoch % self.every and stats.epoch != self.until:
@@ -92,7 +89,7 @@ class ShardedCommit(Callback):
             # the segment's last commit is waited for at once: written from the live tables
             self.committed = self.commit(state, stats)
         else:  # copied now (training goes on changing the tables), written by the thread
-            self._pending = self._pool.submit(self.commit, state.snapshot(), stats)
+            self._pending = self._pool.submit(self.commit, self._part(state).snapshot(), stats)
 
     def on_train_end(self, trainer: TrainerView) -> None:
         self.wait()
@@ -103,14 +100,29 @@ class ShardedCommit(Callback):
         if pending is not None:
             self.committed = pending.result()
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Wait for the commit in flight (its collectives need this rank's part), raise its
-        failure, and stop the thread."""
+        failure, and stop the thread. With ``timeout`` (training failed: a peer may be gone
+        without closing its sockets, and the commit's group waits up to
+        ``distributed.commit_timeout_s``) a commit still running after that long is left to
+        fail on its own; nothing of it is committed unless rank 0 wrote the manifest."""
+        pending, self._pending = self._pending, None
         try:
-            self.wait()
+            if pending is not None:
+                self.committed = pending.result(timeout)
         finally:
             if self._pool is not None:
-                self._pool.shutdown(wait=True)
+                done = pending is None or pending.done()
+                self._pool.shutdown(wait=done, cancel_futures=True)
+
+    def _part(self, state: TrainState) -> TrainState:
+        """What this rank writes of ``state``: its entity rows and their optimiser state, and
+        on rank 0 the replicated rest too."""
+        if self.exchange.rank == 0:
+            return state
+        entity = {k: v for k, v in state.optimizer.items() if k.startswith("entity.")}
+        tables = {"entity": state.tables["entity"]}
+        return TrainState(state.epoch, state.global_step, tables, entity, state.history, None)
 
     def commit(self, state: TrainState, stats: EpochStats) -> Checkpoint | None:
         ex, store = self.exchange, self.checkpoints
@@ -162,7 +174,7 @@ class ShardedCommit(Callback):
 
     def _tensors(self, state: TrainState) -> dict[str, torch.Tensor]:
         ex = self.exchange
-        own = ex.own.cpu()
+        own = self._own
         local = {"table.entity": state.tables["entity"]}
         local.update(
             {f"optim.{k}": v for k, v in state.optimizer.items() if k.startswith("entity.")}
