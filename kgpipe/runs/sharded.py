@@ -12,12 +12,14 @@ A commit (every ``checkpoint.every`` epochs and at the segment's end) is a colle
    relaunched from the last commit, as after any failed commit).
 
 With ``checkpoint.background`` (the default) a commit within a segment (``checkpoint.every``
-below the validation interval) runs in a thread of its own while the next epoch trains: each rank copies its shards' rows and optimiser state (the replicated part
-on rank 0) at the epoch's end, and the thread writes them and runs the commit's collectives in
-the commit's own process group, which the training thread never uses (so the two threads'
-collectives cannot interleave). One commit is in flight at a time: the next commit, and the end
-of training, wait for it, and raise its failure on every rank at that same point (every rank
-hears rank 0's outcome), so the gang fails as one and is relaunched from the last commit.
+below the validation interval) runs in a thread of its own while the next epoch trains: each
+rank copies its shards' rows and optimiser state (rank 0 the replicated part too) at the
+epoch's end, and the thread writes them and runs the commit's collectives in the commit's own
+process group, which the training thread uses only once that thread is done (so the two
+threads' collectives never interleave in one group). One commit is in flight at a time: the
+next commit, and the end of training, wait for it, and raise its failure on every rank at that
+same point (every rank hears rank 0's outcome), so the gang fails as one and is relaunched from
+the last commit.
 Without it, without a process group of its own, and at the segment's end (where the gang stops
 and waits for its last commit anyway) the files are written from the live tables between two
 steps. Either way the ranks wait for the slowest writer in the commit's group,
