@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import Tensor
 
@@ -30,9 +30,16 @@ from kgpipe.storage import Store
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
-__all__ = ["CheckpointCallback", "CheckpointWriter", "MetricsWriter", "Validation"]
+__all__ = [
+    "BackgroundCommits",
+    "CheckpointCallback",
+    "CheckpointWriter",
+    "MetricsWriter",
+    "Validation",
+]
 
 log = logging.getLogger("kgpipe.checkpoint")
+T = TypeVar("T")
 
 
 class MetricsWriter(Callback):
@@ -152,23 +159,59 @@ class CheckpointCallback(Callback):
         self.writer.wait()
 
     def close(self, timeout: float | None = None) -> None:
-        """Finish the upload in flight. (``timeout`` is for a sharded commit's collectives: an
-        upload here waits on the store alone, under its retries.)"""
-        self.writer.close()
+        """Finish the upload in flight (waiting at most ``timeout``) and stop the thread."""
+        self.writer.close(timeout)
 
 
-class CheckpointWriter:
-    """Commits checkpoints, in a background thread when asked, one at a time.
+class BackgroundCommits(Generic[T]):
+    """Runs ``commit(state, extra)`` in a background thread when asked, one at a time.
 
-    :meth:`submit` copies the state and returns at once (background) or commits it (``wait``). A
-    second submit waits for the first upload, so at most one snapshot is held. Errors of a
-    background commit are raised by the next :meth:`submit` or by :meth:`wait`.
+    :meth:`submit` copies the state and returns at once (background) or commits it (``wait``,
+    or without a thread). A second submit waits for the first commit, so at most one copy is
+    held. A background commit's error is raised by the next :meth:`submit`, :meth:`wait` or
+    :meth:`close`.
     """
 
+    def __init__(
+        self, commit: Callable[[TrainState, Any], T], *, background: bool, name: str
+    ) -> None:
+        self.commit = commit
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name) if background else None
+        self._pending: Future[T] | None = None
+
+    def submit(self, state: TrainState, extra: Any, *, wait: bool = False) -> T | None:
+        """Commit ``state``; returns the result of a commit made at once (None: in flight)."""
+        self.wait()
+        if self._pool is None or wait:
+            return self.commit(state, extra)
+        self._pending = self._pool.submit(self.commit, state.snapshot(), extra)
+        return None
+
+    def wait(self, timeout: float | None = None) -> T | None:
+        """Block until the commit in flight is done (at most ``timeout``: then
+        ``TimeoutError``); returns its result, raises its error (None: none was in flight)."""
+        pending, self._pending = self._pending, None
+        return pending.result(timeout) if pending is not None else None
+
+    def close(self, timeout: float | None = None) -> T | None:
+        """:meth:`wait`, then stop the thread; a commit still running after ``timeout`` is
+        left to end on its own."""
+        pending = self._pending
+        try:
+            return self.wait(timeout)
+        finally:
+            if self._pool is not None:
+                done = pending is None or pending.done()
+                self._pool.shutdown(wait=done, cancel_futures=True)
+
+
+class CheckpointWriter(BackgroundCommits[Checkpoint]):
+    """Commits (and then prunes) the checkpoints of one process, or of rank 0 of a replicated
+    gang, in a background thread when asked, one at a time."""
+
     def __init__(self, checkpoints: CheckpointStore, *, background: bool = True) -> None:
+        super().__init__(self._commit, background=background, name="kgpipe-ckpt")
         self.checkpoints = checkpoints
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="kgpipe-ckpt") if background else None
-        self._pending: Future[Checkpoint] | None = None
 
     def _commit(self, state: TrainState, meta: dict[str, Any]) -> Checkpoint:
         ckpt = self.checkpoints.save(state, meta)
@@ -177,24 +220,3 @@ class CheckpointWriter:
         except KgpipeError as err:  # retention is housekeeping: never fail training for it
             log.warning("checkpoint retention: %s", err)
         return ckpt
-
-    def submit(self, state: TrainState, meta: dict[str, Any], *, wait: bool = False) -> None:
-        """Commit ``state``: in the background, or at once (``wait``, or without a thread)."""
-        self.wait()
-        if self._pool is None or wait:
-            self._commit(state, meta)
-        else:
-            self._pending = self._pool.submit(self._commit, state.snapshot(), meta)
-
-    def wait(self) -> None:
-        """Block until the pending commit is done; re-raise its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def close(self) -> None:
-        try:
-            self.wait()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -41,6 +40,7 @@ import torch.distributed as dist
 from kgpipe.checkpoint import Checkpoint, CheckpointStore, TrainState, is_optimiser_state
 from kgpipe.distributed.sharded import ShardedExchange
 from kgpipe.errors import CheckpointError, Fenced, KgpipeError, StorageFull
+from kgpipe.runs.callbacks import BackgroundCommits
 from kgpipe.sharded_tensors import SHARD_PREFIX, local_rows, split_shards
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
@@ -74,33 +74,21 @@ class ShardedCommit(Callback):
         self.meta = meta
         self.committed: Checkpoint | None = None
         # a thread's collectives must not share a group with the training thread's
-        self._pool = (
-            ThreadPoolExecutor(1, thread_name_prefix="kgpipe-shards")
-            if background and group is not None
-            else None
+        self._commits: BackgroundCommits[Checkpoint | None] = BackgroundCommits(
+            self.commit, background=background and group is not None, name="kgpipe-shards"
         )
-        self._pending: Future[Checkpoint | None] | None = None
         self._own = exchange.own.cpu()  # once: not a device sync in the commit's thread
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         if stats.epoch % self.every and stats.epoch != self.until:
             return
-        self.wait()  # one commit in flight; its failure stops every rank here
-        state = self.state([*trainer.history, stats])
-        if self._pool is None or stats.epoch == self.until:
-            # the segment's last commit is waited for at once: written from the live tables
-            self.committed = self.commit(state, stats)
-        else:  # copied now (training goes on changing the tables), written by the thread
-            self._pending = self._pool.submit(self.commit, self._part(state).snapshot(), stats)
+        # one commit in flight (its failure stops every rank here); the segment's last one is
+        # waited for at once, written from the live tables
+        state = self._part(self.state([*trainer.history, stats]))
+        self._done(self._commits.submit(state, stats, wait=stats.epoch == self.until))
 
     def on_train_end(self, trainer: TrainerView) -> None:
-        self.wait()
-
-    def wait(self) -> None:
-        """Block until the commit in flight is done; raise its failure."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            self.committed = pending.result()
+        self._done(self._commits.wait())
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for the commit in flight (its collectives need this rank's part), raise its
@@ -108,14 +96,11 @@ class ShardedCommit(Callback):
         without closing its sockets, and the commit's group waits up to
         ``distributed.commit_timeout_s``) a commit still running after that long is left to
         fail on its own; nothing of it is committed unless rank 0 wrote the manifest."""
-        pending, self._pending = self._pending, None
-        try:
-            if pending is not None:
-                self.committed = pending.result(timeout)
-        finally:
-            if self._pool is not None:
-                done = pending is None or pending.done()
-                self._pool.shutdown(wait=done, cancel_futures=True)
+        self._done(self._commits.close(timeout))
+
+    def _done(self, ckpt: Checkpoint | None) -> None:
+        if ckpt is not None:
+            self.committed = ckpt
 
     def _part(self, state: TrainState) -> TrainState:
         """What this rank writes of ``state``: its entity rows and their optimiser state, and
