@@ -10,11 +10,13 @@ and the trial-epochs it had spent when a complete trial first reached the unprun
 best ("equal best valid MRR"), each trial's epochs spread evenly over its run.
 
 ``workers``: trials per hour with 1 worker (2 threads) and 2 workers (1 thread each) -- the same
-two cores -- on the same budget of trials that all cost the same (UMLS ComplEx, only the
-learning rate searched, no pruning), interleaved rounds, medians.
+two cores -- on the same budget (``--trials`` trials, or ``--budget`` seconds of wall time, the
+cluster's start included) of trials that all cost the same (UMLS ComplEx, only the learning
+rate searched, no pruning), interleaved rounds, medians.
 
     .venv/bin/python bench/tune_search.py pruning --trials 24 --pruners none asha median
     .venv/bin/python bench/tune_search.py workers --trials 16 --rounds 2
+    .venv/bin/python bench/tune_search.py workers --budget 300 --rounds 3
 
 Results go to bench/results/tune_{pruning,workers}.json.
 """
@@ -227,6 +229,13 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
     )
     rates: dict[int, list[float]] = {1: [], 2: []}
     steady: dict[int, list[float]] = {1: [], 2: []}
+    done: dict[int, list[int]] = {1: [], 2: []}
+    # a budget of time (--budget) or of trials (--trials): with a time budget both searches
+    # start no trial after it and finish the ones running, so each pays its cluster's start
+    # and its last trials out of the same budget
+    budget: dict[str, Any] = (
+        {"trials": None, "timeout_s": args.budget} if args.budget else {"trials": args.trials}
+    )
     with tempfile.TemporaryDirectory() as tmp:
         for rnd in range(args.rounds):
             for w in (1, 2):
@@ -235,19 +244,22 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
                     space,
                     root=tmp,
                     name=f"w{w}-r{rnd}",
-                    trials=args.trials,
                     workers=w,
                     seed=rnd,
                     pruner="none",
                     test_best=False,
+                    **budget,
                 )
-                rate = args.trials / r["wall_seconds"] * 3600
+                n = sum(1 for t in r["timeline"] if t["state"] == "complete")
+                done[w].append(n)
+                rate = n / r["wall_seconds"] * 3600
                 rates[w].append(rate)
-                steady[w].append(args.trials / r["trials_span_seconds"] * 3600)
+                steady[w].append(n / r["trials_span_seconds"] * 3600)
                 print(
-                    f"round {rnd} workers {w}: {rate:.0f} trials/h ({r['wall_seconds']:.1f} s "
-                    f"with the cluster's start), {steady[w][-1]:.0f} trials/h from the first "
-                    f"trial's start to the last one's end",
+                    f"round {rnd} workers {w}: {n} trials, {rate:.0f} trials/h "
+                    f"({r['wall_seconds']:.1f} s with the cluster's start and end), "
+                    f"{steady[w][-1]:.0f} trials/h from the first trial's start to the last "
+                    "one's end",
                     flush=True,
                 )
     med = {w: statistics.median(v) for w, v in rates.items()}
@@ -259,7 +271,9 @@ def workers(args: argparse.Namespace) -> dict[str, Any]:
         "trials_per_hour_trials_only": steady,
         "median_trials_only": med_steady,
         "ratio_2_over_1_trials_only": med_steady[2] / med_steady[1],
-        "budget_trials": args.trials,
+        "trials_complete": done,
+        "budget_trials": None if args.budget else args.trials,
+        "budget_seconds": args.budget,
     }
 
 
@@ -286,6 +300,12 @@ def main() -> None:
         help="random start-up trials of every search (default: max(5, trials // 5)); "
         "--startup N --pruned-factor 1 with N = --trials makes both searches random searches "
         "of the same configs, so that they differ only by the pruner",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="workers: a budget of this many seconds per search instead of --trials trials",
     )
     p.add_argument("--out", default=None, help="result file name under bench/results")
     p.add_argument("--partial", default=None, help="pruning: write each graph's results here too")
