@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mlflow  # noqa: F401  (a dev dependency: missing, the suite fails, not skips these)
 import pytest
 from cli_support import run_cli
 
@@ -34,7 +35,6 @@ from kgpipe.tracking import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-mlflow = pytest.importorskip("mlflow")
 
 
 def _free_port() -> int:
@@ -396,11 +396,53 @@ def test_a_search_is_a_parent_run_with_one_nested_run_per_trial(
     parent = parents[0]
     assert parent.data.metrics["best_valid_mrr"] > 0
     assert "best_test_mrr" in parent.data.metrics
+    # the resumed search's findings, not the first one's: each summary at the step of the
+    # trials it had, so the latest is shown and none is logged twice
+    assert sum(v for k, v in parent.data.metrics.items() if k.startswith("trials_")) == 3
+    assert sorted(_steps(mlflow_uri, parent.info.run_id, "best_valid_mrr")) == [2, 3]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.data.tags["kgpipe.trial"] for r in children) == ["0", "1", "2"]
     for child in children:
         steps = _steps(mlflow_uri, child.info.run_id, "loss")
         assert steps == sorted(set(steps)) and steps[-1] <= 4  # every epoch once
         assert "training.lr" in child.data.params
+        names = {a.path for a in client.list_artifacts(child.info.run_id)}
+        assert names == {"config.yaml", "curves.png"}  # the trial's own config and curve
+    # the winner, tested by the study, has its test metrics on its own run too
+    results = json.loads((folder.path / "results.json").read_text())
+    winner = next(
+        r for r in children if r.data.tags["kgpipe.trial"] == str(results["best"]["trial"])
+    )
+    assert winner.data.metrics["test_mrr"] == pytest.approx(results["best"]["test"]["mrr"])
+    assert parent.data.metrics["best_test_mrr"] == pytest.approx(results["best"]["test"]["mrr"])
+    # the only other tested trial is the first search's winner (2 trials), if another one
+    tested = {r.info.run_id for r in children if "test_mrr" in r.data.metrics}
+    assert winner.info.run_id in tested and len(tested) <= 2
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"results.json", "best.yaml", "trials.csv"} <= artifacts
+
+
+def test_a_search_that_stops_on_failures_ends_its_parent_run_failed(
+    mlflow_uri: str, tmp_path: Path
+) -> None:
+    """A search stopped by trials that all fail does not leave its study's MLflow run
+    RUNNING: it ends FAILED, its failed trials logged under it."""
+    from kgpipe.errors import SearchStopped
+    from kgpipe.tune import SearchSpace, TuneSettings, prepare_study, run_and_summarize
+
+    tree = _config(tmp_path, "base", mlflow_uri).model_dump(mode="json")
+    tree["data"] = {"train": str(tmp_path / "missing.tsv")}  # no trial can read it
+    tree["tracking"]["experiment"] = "stopped-search"
+    base = parse_config(tree)
+    space = SearchSpace.from_yaml("training.lr: {loguniform: [1.0e-3, 0.1]}")
+    settings = TuneSettings(
+        root=str(tmp_path / "studies"), name="s", trials=10, workers=1, max_failures=2
+    )
+    with pytest.raises(SearchStopped):
+        run_and_summarize(prepare_study(base, space, settings))
+    client = _client(mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("stopped-search").experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("kgpipe.kind") == "study")
+    assert parent.info.status == "FAILED"
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.info.status for r in children) == ["FAILED", "FAILED"]

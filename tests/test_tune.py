@@ -300,6 +300,12 @@ def test_pruners_stop_trials_where_their_rules_say() -> None:
     asha = make_pruner(TuneSettings(pruner="asha"), first_step=5, max_step=20)
     assert _pruned(asha, curves, 5) == [None, 5, None, 5, 5, 15]
     assert TuneSettings(pruner="asha").prune_reduction == 3
+    # Hyperband, 5 to 20 epochs by 3: two brackets of successive halving (a trial's bracket
+    # comes from a hash of its number), whose rungs are at 5 and 15 epochs; it stops trials
+    # there only, and stops some of these
+    hyperband = make_pruner(TuneSettings(pruner="hyperband"), first_step=5, max_step=20)
+    at = _pruned(hyperband, curves * 3, 5)
+    assert {a for a in at if a is not None} <= {5, 15} and at.count(None) < len(at)
 
 
 def test_a_search_needs_validation(tmp_path: Path) -> None:
@@ -521,7 +527,7 @@ def test_the_best_trial_may_be_one_the_time_limit_stopped_never_one_the_pruner_s
     from optuna.distributions import FloatDistribution
     from optuna.trial import TrialState, create_trial
 
-    from kgpipe.tune.results import best_trial
+    from kgpipe.tune.results import best_so_far, best_trial
 
     study = optuna.create_study(direction="maximize")
     dist = {"x": FloatDistribution(0, 1)}
@@ -544,6 +550,8 @@ def test_the_best_trial_may_be_one_the_time_limit_stopped_never_one_the_pruner_s
     add(TrialState.PRUNED, None, best_valid_mrr=0.25, run="r4", timed_out=True)
     found = best_trial(study)
     assert found is not None and (found[0].number, found[1]) == (4, 0.25)
+    # the best-so-far curve has the same candidates: it ends at the study's best
+    assert best_so_far(study) == [(0, 0.20), (1, 0.20), (2, 0.20), (3, 0.20), (4, 0.25)]
     add(TrialState.COMPLETE, 0.25, best_valid_mrr=0.25, run="r5")  # a tie: the earliest
     found = best_trial(study)
     assert found is not None and found[0].number == 4
@@ -734,3 +742,39 @@ def test_a_shared_database_refuses_a_taken_study_name(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match="cannot open the study's database"):
         prepare_study(base_config(), SearchSpace.from_yaml(SPACE), bad)
+
+
+def test_a_trial_pruned_before_its_driver_died_counts_what_it_trained(tmp_path: Path) -> None:
+    """The pruner stopped a trial and the driver died before telling the study: a resume
+    records it as pruned with the epochs and validations its run folder holds (counted in the
+    study's trial-epochs), without training it again."""
+    from kgpipe.runs.folder import METRICS
+    from kgpipe.tune.study import run_study
+
+    settings = TuneSettings(root=str(tmp_path), name="s", trials=1, workers=1, seed=0)
+    folder = prepare_study(base_config(), SearchSpace.from_yaml(SPACE), settings)
+    run_study(folder)  # trial 0: 4 epochs, validated at 2 and 4
+    study = load_optuna_study(folder)
+    done = study.get_trials()[0]
+    # trial 1 as a killed driver leaves it: running, its values drawn, its run folder's
+    # metrics written through epoch 4, the pruner's verdict (epoch 2) kept in the study
+    orphan = study.ask()
+    orphan.set_user_attr("values", done.user_attrs["values"])
+    orphan.set_user_attr("pruned_at", 2)
+    metrics = folder.trial_path(1) / METRICS
+    metrics.parent.mkdir(parents=True)
+    metrics.write_bytes((folder.trial_path(0) / METRICS).read_bytes())
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    logs: list[str] = []
+    run_study(open_study_folder(folder.path).with_settings(trials=2), log=logs.append)
+    # recorded, not sampled or trained again
+    assert [m for m in logs if m.startswith("trial 1: ")] == [
+        "trial 1: pruned at epoch 2 (recorded)"
+    ]
+    pruned = load_optuna_study(folder).get_trials()[1]
+    assert pruned.state.name == "PRUNED"
+    assert pruned.user_attrs["epochs"] == 2
+    at_2 = [r["valid_mrr"] for r in rows if r["epoch"] == 2 and "valid_mrr" in r]
+    assert pruned.user_attrs["best_valid_mrr"] == pytest.approx(at_2[0])
+    results = run_and_summarize(open_study_folder(folder.path))
+    assert results["trial_epochs"] == 4 + 2

@@ -8,7 +8,12 @@ per study, trials nested under it) from its driver.
 
 from kgpipe.tracking.client import MLFLOW_MISSING, TrackingError, connect, metric_key
 from kgpipe.tracking.run import TRACKING, RunTracker, check_tracking, final_metrics, track_run
-from kgpipe.tracking.search import log_finished_run, log_parent_result, start_parent_run
+from kgpipe.tracking.search import (
+    log_finished_run,
+    log_parent_result,
+    log_run_metrics,
+    start_parent_run,
+)
 
 __all__ = [
     "MLFLOW_MISSING",
@@ -20,6 +25,7 @@ __all__ = [
     "final_metrics",
     "log_finished_run",
     "log_parent_result",
+    "log_run_metrics",
     "metric_key",
     "start_parent_run",
     "track_run",

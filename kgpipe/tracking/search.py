@@ -20,7 +20,7 @@ from kgpipe.tracking.client import (
 )
 from kgpipe.tracking.run import experiment_of, run_tags
 
-__all__ = ["log_finished_run", "log_parent_result", "start_parent_run"]
+__all__ = ["log_finished_run", "log_parent_result", "log_run_metrics", "start_parent_run"]
 
 
 def _continued(mlf: Mlflow, run_id: str | None) -> Any | None:
@@ -67,13 +67,15 @@ def log_finished_run(
     status: str = "FINISHED",
     tags: dict[str, str] | None = None,
     run_id: str | None = None,
+    artifacts: Sequence[str] = (),
 ) -> str:
     """Log a whole finished kgpipe run (a trial) after the fact: the run named ``name``, nested
     under ``parent_run_id`` (in its experiment), with the config's params plus ``params`` (the
     sampled values), every epoch of ``history`` (``step=epoch``), ``metrics`` (final values:
-    the objective, test metrics; step = the last epoch) and ``tags``; it ends with ``status``
-    (FINISHED, FAILED, KILLED). With ``run_id`` of an existing run, only the epochs, params
-    and metrics it does not have yet are added. Returns the run id."""
+    the objective, test metrics; step = the last epoch), ``tags`` and ``artifacts`` (local
+    files: its report and curve; a file logged again replaces itself); it ends with
+    ``status`` (FINISHED, FAILED, KILLED). With ``run_id`` of an existing run, only the
+    epochs, params and metrics it does not have yet are added. Returns the run id."""
     mlf = connect(tracking)
     live = _continued(mlf, run_id)
     url = run_store(config).url if config.run.name else str(config.run.root)
@@ -92,8 +94,17 @@ def log_finished_run(
     last = max((int(h["epoch"]) for h in history), default=0)
     if metrics:
         mlf.log_metrics(found, metrics, step=last)
+    for path in artifacts:
+        mlf.log_artifact(found, str(path))
     mlf.set_terminated(found, status)
     return found
+
+
+def log_run_metrics(tracking: TrackingConfig, run_id: str, metrics: dict[str, float]) -> None:
+    """Add ``metrics`` to the finished run ``run_id`` at the step of its last epoch (a trial's
+    test metrics, once the study has tested it); those it has there already are left out."""
+    mlf = connect(tracking)
+    mlf.log_metrics(run_id, metrics, step=mlf.last_epoch(run_id))
 
 
 def log_parent_result(
@@ -103,14 +114,15 @@ def log_parent_result(
     metrics: dict[str, float],
     artifacts: Sequence[str],
     status: str = "FINISHED",
+    step: int = 0,
 ) -> None:
-    """End a study's run ``run_id``: its ``metrics`` (the best value, trial counts; step 0),
-    ``artifacts`` (local files: the study's report, plots) and ``status``."""
+    """End a study's run ``run_id``: its ``metrics`` (the best value, trial counts) at
+    ``step``, ``artifacts`` (local files: the study's report, plots) and ``status``."""
     missing = [str(p) for p in artifacts if not Path(p).is_file()]
     if missing:
         raise TrackingError(f"{missing[0]}: no such file to log to the MLflow run {run_id}")
     mlf = connect(tracking)
-    mlf.log_metrics(run_id, metrics, step=0)
+    mlf.log_metrics(run_id, metrics, step=step)
     for path in artifacts:
         mlf.log_artifact(run_id, str(path))
     mlf.set_terminated(run_id, status)

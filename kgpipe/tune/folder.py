@@ -23,9 +23,9 @@ from kgpipe.config.io import parse_config
 from kgpipe.errors import ConfigError, RunError
 from kgpipe.runs.folder import TRIMMED as TRIMMED_MARKER
 from kgpipe.tune.settings import TuneSettings
-from kgpipe.tune.space import SearchSpace
+from kgpipe.tune.space import SearchSpace, trial_config
 
-__all__ = ["StudyFolder", "create_study_folder", "open_study_folder"]
+__all__ = ["StudyFolder", "create_study_folder", "open_study_folder", "trial_run_config"]
 
 STUDY = "study.json"
 #: what a finished trial other than the best gives up under ``keep_trials: best`` (it keeps its
@@ -167,3 +167,27 @@ def open_study_folder(path: str | Path) -> StudyFolder:
     except (KeyError, ValueError) as err:
         raise ConfigError(f"{source}: unreadable study description: {err}") from None
     return StudyFolder(p, base, space, settings)
+
+
+def trial_run_config(
+    folder: StudyFolder, number: int, values: dict[str, Any], threads: int | None
+) -> RunConfig:
+    """Trial ``number``'s run config: the base with ``values``, in the study's ``trials/``
+    folder, validated but not tested (a search selects on validation only), untracked (the
+    driver logs trials), with the worker's share of the cores."""
+    config = trial_config(folder.base, values, source=f"trial {number}")
+    training = config.training
+    if threads is not None and training.threads is None:
+        training = training.model_copy(update={"threads": threads})
+    update: dict[str, Any] = {
+        "run": config.run.model_copy(
+            update={
+                "root": str(folder.trials_root.resolve()),
+                "name": folder.trial_path(number).name,
+            }
+        ),
+        "evaluation": config.evaluation.model_copy(update={"test": False}),
+        "training": training,
+        "tracking": config.tracking.model_copy(update={"backend": "none"}),
+    }
+    return config.model_copy(update=update)

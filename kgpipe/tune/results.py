@@ -62,22 +62,25 @@ def trial_rows(study: Any) -> list[dict[str, Any]]:
 
 
 def best_so_far(study: Any) -> list[tuple[int, float]]:
-    """``(trial number n, best valid MRR of the complete trials numbered up to n)``, as
-    Optuna's optimisation history plots it."""
+    """``(trial number n, best valid MRR of the trials numbered up to n that may win)``, as
+    Optuna's optimisation history plots it; the candidates are :func:`best_trial`'s, so the
+    curve ends at the study's best."""
     done = [t for t in study.get_trials(deepcopy=False) if t.datetime_complete is not None]
     done.sort(key=lambda t: t.number)
     best, out = -math.inf, []
     for t in done:
-        if _state(t) == "complete" and t.value is not None:
-            best = max(best, float(t.value))
+        value = _candidate_value(t)
+        if value is not None:
+            best = max(best, value)
         if best > -math.inf:
             out.append((t.number, best))
     return out
 
 
 def importances(study: Any) -> dict[str, float]:
-    """Optuna's parameter importances over the complete trials (its default evaluator:
-    PED-ANOVA in Optuna 5), normalised to sum to 1; empty when too few trials."""
+    """Optuna's parameter importances over the complete trials (PED-ANOVA, named: the
+    default of Optuna 5, not of the Optuna 4 that pyproject also allows), normalised to sum
+    to 1; empty when too few trials."""
     import optuna
 
     complete = [t for t in study.get_trials(deepcopy=False) if _state(t) == "complete"]
@@ -89,7 +92,9 @@ def importances(study: Any) -> dict[str, float]:
             # short study with a `when:` has some): the plot is read as rough anyway, and the
             # study's output stays quiet
             warnings.filterwarnings("ignore", message="Some regimes for parameter")
-            return dict(optuna.importance.get_param_importances(study))
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+            evaluator = optuna.importance.PedAnovaImportanceEvaluator()
+            return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
     except (ValueError, RuntimeError):  # e.g. a single value in every parameter
         return {}
 
@@ -98,19 +103,25 @@ def best_trial(study: Any) -> tuple[Any, float] | None:
     """The trial with the best validation MRR, and that MRR: among the complete trials and
     those the trial time limit stopped (slow, not judged worse by the pruner: their committed
     checkpoints hold the model they validated). The earliest wins a tie."""
-    from optuna.trial import TrialState
-
     best: tuple[Any, float] | None = None
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.COMPLETE:
-            value = t.value
-        elif t.state == TrialState.PRUNED and t.user_attrs.get("timed_out"):
-            value = t.user_attrs.get("best_valid_mrr") if t.user_attrs.get("run") else None
-        else:
-            continue
-        if value is not None and (best is None or float(value) > best[1]):
-            best = (t, float(value))
+        value = _candidate_value(t)
+        if value is not None and (best is None or value > best[1]):
+            best = (t, value)
     return best
+
+
+def _candidate_value(t: Any) -> float | None:
+    """Trial ``t``'s valid MRR if it may win the study (:func:`best_trial`), else None."""
+    from optuna.trial import TrialState
+
+    if t.state == TrialState.COMPLETE:
+        value = t.value
+    elif t.state == TrialState.PRUNED and t.user_attrs.get("timed_out"):
+        value = t.user_attrs.get("best_valid_mrr") if t.user_attrs.get("run") else None
+    else:
+        value = None
+    return None if value is None else float(value)
 
 
 def best_config(folder: StudyFolder, best: Any) -> RunConfig:

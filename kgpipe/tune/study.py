@@ -20,11 +20,11 @@ from typing import Any
 
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError, SearchStopped
-from kgpipe.tune.folder import StudyFolder
+from kgpipe.tune.folder import StudyFolder, trial_run_config
 from kgpipe.tune.settings import make_pruner, make_sampler
-from kgpipe.tune.space import describe_values, trial_config
+from kgpipe.tune.space import describe_values
 from kgpipe.tune.track import StudyTracker
-from kgpipe.tune.trial import TrialOutcome, TrialSpec, run_trial
+from kgpipe.tune.trial import TrialOutcome, TrialSpec, recorded_outcome, run_trial
 
 __all__ = [
     "StudyEvent",
@@ -89,30 +89,6 @@ def load_optuna_study(folder: StudyFolder) -> Any:
     if had:  # resumed: a seed of its own, or the random start-up would repeat its draws
         study.sampler = make_sampler(folder.settings, offset=had)
     return study
-
-
-def trial_run_config(
-    folder: StudyFolder, number: int, values: dict[str, Any], threads: int | None
-) -> RunConfig:
-    """Trial ``number``'s run config: the base with ``values``, in the study's ``trials/``
-    folder, validated but not tested (a search selects on validation only), untracked (the
-    driver logs trials), with the worker's share of the cores."""
-    config = trial_config(folder.base, values, source=f"trial {number}")
-    training = config.training
-    if threads is not None and training.threads is None:
-        training = training.model_copy(update={"threads": threads})
-    update: dict[str, Any] = {
-        "run": config.run.model_copy(
-            update={
-                "root": str(folder.trials_root.resolve()),
-                "name": folder.trial_path(number).name,
-            }
-        ),
-        "evaluation": config.evaluation.model_copy(update={"test": False}),
-        "training": training,
-        "tracking": config.tracking.model_copy(update={"backend": "none"}),
-    }
-    return config.model_copy(update=update)
 
 
 def _spec(folder: StudyFolder, trial: Any, config: RunConfig) -> TrialSpec:
@@ -291,11 +267,6 @@ def _search(
     def prepare(trial: Any) -> _Running | None:
         values = trial.user_attrs.get("values") or {}
         pruned_at = trial.user_attrs.get("pruned_at")
-        if pruned_at is not None:  # pruned, but the driver died before it was told
-            outcome = TrialOutcome(trial.number, "pruned")
-            _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
-            say(f"trial {trial.number}: pruned at epoch {pruned_at} (recorded)")
-            return None
         try:
             if "values" not in trial.user_attrs:
                 values = folder.space.sample(trial, folder.base)
@@ -314,8 +285,13 @@ def _search(
             )
             say(f"trial {trial.number}: invalid config: {error}")
             return None
-        say(f"trial {trial.number}: {describe_values(values)}")
         run = _Running(trial, values, _spec(folder, trial, config))
+        if pruned_at is not None:  # pruned, but the driver died before it was told: what its
+            # run folder recorded up to then (its epochs count, MLflow logs it), not trained again
+            say(f"trial {trial.number}: pruned at epoch {pruned_at} (recorded)")
+            finish(run, recorded_outcome(trial.number, config, int(pruned_at)))
+            return None
+        say(f"trial {trial.number}: {describe_values(values)}")
         emit(StudyEvent("started", trial.number, values, None, study, _finished(study), s.trials))
         return run
 
@@ -337,7 +313,7 @@ def _search(
             )
         )
 
-    with _cluster(folder, gang, say) as client:
+    with _ended_on_error(tracker), _cluster(folder, gang, say) as client:
         from distributed import wait
 
         def submit(run: _Running) -> None:
@@ -379,12 +355,24 @@ def _search(
                         run.trial.number, "fail", error=f"{type(err).__name__}: {err}"
                     )
                 finish(run, outcome)
-    if stopped and broken() is not None:  # (a success after the stop clears it)
-        raise SearchStopped(
-            f"study {folder.name}: the search stopped because {broken()}; the study is kept: "
-            "fix the cause and resume it"
-        )
+        if stopped and broken() is not None:  # (a success after the stop clears it)
+            raise SearchStopped(
+                f"study {folder.name}: the search stopped because {broken()}; the study is "
+                "kept: fix the cause and resume it"
+            )
     return study
+
+
+@contextlib.contextmanager
+def _ended_on_error(tracker: StudyTracker | None) -> Iterator[None]:
+    """A search that stops on an error (FAILED) or is interrupted (KILLED) ends its MLflow
+    run so, instead of leaving it RUNNING."""
+    try:
+        yield
+    except BaseException as err:
+        if tracker is not None:
+            tracker.end("FAILED" if isinstance(err, Exception) else "KILLED")
+        raise
 
 
 def _budget_left(study: Any, s: Any, deadline: float | None, running: int) -> bool:

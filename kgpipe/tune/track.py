@@ -6,7 +6,9 @@ A tracking server failing mid-search is a warning, not the end of the search."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kgpipe.config import RunConfig
@@ -43,8 +45,24 @@ class StudyTracker:
         study.set_user_attr(PARENT, parent)
         return cls(folder, study, parent, warn)
 
+    def end(self, status: str) -> None:
+        """Mark the study's run ended without findings (``KILLED``: the search was interrupted;
+        ``FAILED``: it stopped on an error), not left RUNNING; a resume sets it running
+        again."""
+        from kgpipe.tracking import TrackingError, connect
+
+        try:
+            connect(self.folder.base.tracking).set_terminated(self.parent, status)
+        except TrackingError as err:
+            self.warn(f"the study's MLflow run was not marked {status}: {err}")
+
     def trial(self, trial: Any, config: dict[str, Any], outcome: Any) -> None:
-        """Log a finished trial (its epochs, values, best valid MRR) under the study's run."""
+        """Log a finished trial (its epochs, values, best valid MRR; its config and its curve
+        as artifacts) under the study's run."""
+        with tempfile.TemporaryDirectory(prefix="kgpipe-trial-") as tmp:
+            self._trial(trial, config, outcome, _trial_files(Path(tmp), config, outcome.history))
+
+    def _trial(self, trial: Any, config: dict[str, Any], outcome: Any, files: list[str]) -> None:
         from kgpipe.tracking import TrackingError, log_finished_run
 
         status = {"complete": "FINISHED", "pruned": "KILLED"}.get(outcome.state, "FAILED")
@@ -60,6 +78,7 @@ class StudyTracker:
                 status=status,
                 tags={"kgpipe.trial": str(trial.number), "kgpipe.trial_state": outcome.state},
                 run_id=trial.user_attrs.get(PARENT),
+                artifacts=files,
             )
             trial.set_user_attr(PARENT, run_id)
         except TrackingError as err:
@@ -73,19 +92,55 @@ def track_findings(
     parent = study.user_attrs.get(PARENT)
     if folder.base.tracking.backend == "none" or not parent:
         return
-    from kgpipe.tracking import TrackingError, log_parent_result
+    from kgpipe.tracking import TrackingError, log_parent_result, log_run_metrics
 
     metrics: dict[str, float] = {f"trials_{k}": float(v) for k, v in results["trials"].items()}
     metrics["trial_epochs"] = float(results["trial_epochs"])
     best = results.get("best") or {}
     if best.get("valid_mrr") is not None:
         metrics["best_valid_mrr"] = float(best["valid_mrr"])
-    for k, v in (best.get("test") or {}).items():
-        if isinstance(v, int | float) and k in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
-            metrics[f"best_test_{k}"] = float(v)
+    test = {
+        k: float(v)
+        for k, v in (best.get("test") or {}).items()
+        if isinstance(v, int | float) and k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")
+    }
+    metrics |= {f"best_test_{k}": v for k, v in test.items()}
+    winner = _trial_run(study, best.get("trial"))
+    if test and winner:  # the winner's own run gets its test metrics too, as a tested run has
+        try:
+            log_run_metrics(folder.base.tracking, winner, {f"test_{k}": v for k, v in test.items()})
+        except TrackingError as err:
+            warn(f"the best trial's test metrics were not logged to MLflow: {err}")
     names = ["results.json", "trials.csv", "best.yaml", "best.png", "importance.png"]
     files = [str(folder.file(n)) for n in names if folder.file(n).exists()]
+    # at the step of the trials finished so far: a resumed study that ran more trials logs its
+    # new findings after the old ones (MLflow shows the latest step), one summarized again
+    # logs nothing twice
+    step = sum(int(v) for v in results["trials"].values())
     try:
-        log_parent_result(folder.base.tracking, parent, metrics=metrics, artifacts=files)
+        log_parent_result(folder.base.tracking, parent, metrics=metrics, artifacts=files, step=step)
     except TrackingError as err:
         warn(f"the study's findings were not logged to MLflow: {err}")
+
+
+def _trial_run(study: Any, number: Any) -> str | None:
+    """The MLflow run id of trial ``number`` of ``study`` (None: none, or not logged)."""
+    if number is None:
+        return None
+    trials = [t for t in study.get_trials(deepcopy=False) if t.number == int(number)]
+    return trials[0].user_attrs.get(PARENT) if trials else None
+
+
+def _trial_files(tmp: Path, config: dict[str, Any], history: list[dict[str, Any]]) -> list[str]:
+    """A trial's artifacts, written under ``tmp``: its resolved config (``config.yaml``) and,
+    when it trained an epoch, its loss and validation curve (``curves.png``)."""
+    from kgpipe.config.io import config_to_yaml
+    from kgpipe.runs.folder import CURVES
+    from kgpipe.runs.report import curve_png
+
+    (tmp / "config.yaml").write_text(config_to_yaml(RunConfig.model_validate(config)))
+    files = [str(tmp / "config.yaml")]
+    if history:
+        (tmp / CURVES).write_bytes(curve_png(history))
+        files.append(str(tmp / CURVES))
+    return files

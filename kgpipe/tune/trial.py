@@ -93,6 +93,16 @@ def _recorded_history(config: RunConfig) -> list[dict[str, Any]]:
     return [json.loads(line) for line in store.read_text(METRICS).splitlines() if line.strip()]
 
 
+def recorded_outcome(number: int, config: RunConfig, pruned_at: int) -> TrialOutcome:
+    """Trial ``number``, which the pruner stopped at epoch ``pruned_at`` before its driver
+    died: the validations its run folder recorded up to that epoch."""
+    named = config.with_run_name()
+    out = TrialOutcome(number, "pruned", url=_run_url(named))
+    out.history = [h for h in _recorded_history(named) if int(h["epoch"]) <= pruned_at]
+    _score(out)
+    return out
+
+
 def _study_trial(spec: TrialSpec) -> Any:
     import optuna
 
