@@ -26,7 +26,9 @@ study in all, ``timeout`` such as ``2h`` after which no trial starts, ``workers`
 once); ``study``, the study folder: a name under ``root`` or a path (a new study is created, an
 existing one resumed with its own base config and space). Without ``study`` the study is named
 after the flow run (``tune-MODEL-DATASET-RUNNAME-ID``), so a retry of the same flow run resumes
-it too. ``pruner`` and ``seed`` are the new study's.
+it too. ``pruner``, ``prune_warmup``, ``seed`` and ``storage`` (an Optuna database URL; default:
+SQLite in the study folder) are the new study's; ``cluster`` (``local`` or a scheduler
+address), ``threads_per_worker`` and ``keep_trials`` may change on a resume.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from pydantic import ValidationError
 
 from flows.train import flow_config
 from kgpipe.config import RunConfig
+from kgpipe.distributed.clusters import is_address
 from kgpipe.errors import ConfigError
 from kgpipe.tune import SearchSpace, TuneSettings, parse_duration
 from kgpipe.tune.space import read_space
@@ -74,6 +77,11 @@ def tune_kge(
     seed: int = 0,
     trial_timeout: str | float | None = None,
     base_trial: bool = True,
+    storage: str | None = None,
+    prune_warmup: int = 1,
+    cluster: str | None = None,
+    threads_per_worker: int | None = None,
+    keep_trials: Literal["all", "best"] | None = None,
 ) -> dict[str, Any]:
     """Search the hyperparameters of the base config (``config`` or ``config_url``, plus
     ``overrides``, as for ``train-kge``) over a search space (``space_url``: a YAML file;
@@ -83,8 +91,11 @@ def tune_kge(
     as pruned at its last validation), then test the best trial. ``base_trial``: a new study's
     trial 0 trains the base config's own values. ``study``: the study folder (a name
     under ``root``, or a path); an existing one is resumed -- run the flow again with the same
-    ``study`` to continue a killed search or to add trials. A bad config, space or budget
-    fails the run before any work."""
+    ``study`` to continue a killed search or to add trials. ``storage``: the new study's
+    Optuna database URL (default: SQLite in the study folder); ``prune_warmup``: validations
+    the median rule spares; ``cluster``: ``local`` or a Dask scheduler address;
+    ``threads_per_worker``: torch threads per trial; ``keep_trials``: ``best`` frees the disk
+    of the trials that lost. A bad config, space or budget fails the run before any work."""
     t0 = time.perf_counter()
     logger = get_run_logger()
     base = flow_config(config, config_url, overrides, log=logger.info)
@@ -92,9 +103,12 @@ def tune_kge(
     settings = flow_settings(
         base, study=study, root=root, trials=trials, timeout=timeout, workers=workers,
         pruner=pruner, seed=seed, trial_timeout=trial_timeout, base_trial=base_trial,
+        storage=storage, prune_warmup=prune_warmup, cluster=cluster,
+        threads_per_worker=threads_per_worker, keep_trials=keep_trials,
     )  # fmt: skip
     given = {"trials": trials, "timeout_s": timeout, "workers": workers}
-    given["trial_timeout_s"] = trial_timeout
+    given |= {"trial_timeout_s": trial_timeout, "cluster": cluster}
+    given |= {"threads_per_worker": threads_per_worker, "keep_trials": keep_trials}
     budget = {k: getattr(settings, k) for k, v in given.items() if v not in (None, "")}
     folder = open_or_prepare_study(base, search_space, settings, budget)
     table = new_trials_table(folder)  # one table per flow run, updated as trials finish
@@ -170,6 +184,11 @@ def flow_settings(
     seed: int,
     trial_timeout: str | float | None = None,
     base_trial: bool = True,
+    storage: str | None = None,
+    prune_warmup: int = 1,
+    cluster: str | None = None,
+    threads_per_worker: int | None = None,
+    keep_trials: Literal["all", "best"] | None = None,
 ) -> TuneSettings:
     """The search's settings from the flow's parameters; a bad value raises ConfigError. A new
     study without ``trials`` gets 30, or none with only a ``timeout``; without ``workers``, 1
@@ -177,6 +196,19 @@ def flow_settings(
     where, name = study_location(study, root)
     if name is None:
         name = _flow_run_study_name(base)
+    if prune_warmup != 1 and pruner != "median":
+        raise ConfigError("prune_warmup: for the median rule (pruner: median) only")
+    if cluster not in (None, "", "local") and not is_address(str(cluster)):
+        raise ConfigError(
+            f"cluster: {cluster!r} is neither 'local' nor a Dask scheduler address "
+            "(such as tcp://host:8786)"
+        )
+    optional: dict[str, Any] = {
+        "storage": storage or None,
+        "cluster": cluster or None,
+        "threads_per_worker": threads_per_worker,
+        "keep_trials": keep_trials,
+    }
     try:
         return TuneSettings(
             name=name,
@@ -185,9 +217,11 @@ def flow_settings(
             timeout_s=None if timeout in (None, "") else parse_duration(timeout),
             workers=workers or 1,
             pruner=pruner,
+            prune_warmup=prune_warmup,
             seed=seed,
             trial_timeout_s=None if trial_timeout in (None, "") else parse_duration(trial_timeout),
             base_trial=base_trial,
+            **{k: v for k, v in optional.items() if v is not None},
         )
     except ValidationError as err:
         problems = "; ".join(

@@ -149,6 +149,74 @@ def test_tune_flow_publishes_its_trials_and_resumes(
 
 
 @pytest.mark.slow
+def test_killed_flow_process_resumes_the_study_without_repeating_trials(
+    prefect_server: PrefectServer, tmp_path: Path
+) -> None:
+    """The process running the tune-kge flow is killed with SIGKILL (with its cluster) once
+    two trials have finished; the flow run again on the same study keeps the finished trials
+    as they were, continues the interrupted ones and adds only the rest."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    space = tmp_path / "space.yaml"
+    space.write_text(SPACE)
+    study_dir = tmp_path / "studies" / "killed"
+    overrides = [o for o in OVERRIDES if not o.startswith("training.epochs")]
+    params: dict[str, Any] = {
+        "config_url": "configs/umls-complex.yaml",
+        "overrides": [*overrides, "training.epochs=8"],
+        "space_url": str(space),
+        "workers": 2,
+        "study": str(study_dir),
+        "pruner": "none",
+        "trials": 6,
+    }
+    code = f"from flows.tune import tune_kge\ntune_kge(**{params!r})\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env=prefect_server.client_env(),
+        start_new_session=True,  # its process group: the flow and its Dask cluster
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    def finished() -> dict[int, tuple[Any, Any]]:
+        try:
+            return _finished(study_dir)
+        except Exception:  # not created yet
+            return {}
+
+    try:
+        deadline = time.monotonic() + 240
+        while len(finished()) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = finished()
+    err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+    assert 2 <= len(before) < 6, err
+
+    again = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env=prefect_server.client_env(),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    after = _finished(study_dir)
+    assert sorted(after) == list(range(6))  # 6 in all: none repeated, none lost
+    assert {n: after[n] for n in before} == before  # the finished ones kept as they were
+    for n in range(6):  # a continued trial records each epoch once
+        lines = (study_dir / "trials" / f"trial-{n:04d}" / "metrics.jsonl").read_text()
+        epochs = [json.loads(line)["epoch"] for line in lines.splitlines() if line.strip()]
+        assert epochs == sorted(set(epochs)) and epochs[-1] == 8, (n, epochs)
+    assert json.loads((study_dir / "results.json").read_text())["trials"] == {"complete": 6}
+
+
+@pytest.mark.slow
 def test_bad_search_parameters_fail_before_any_work(
     prefect_env: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -249,3 +317,31 @@ def test_the_tune_deployment_defaults_make_a_valid_search(
         workers=params.get("workers", 1), pruner="median", seed=0,
     )  # fmt: skip
     assert settings.trials is not None and settings.trials <= 20
+
+
+def test_the_flow_takes_the_settings_the_cli_takes(tmp_path: Path) -> None:
+    """Storage (a database URL), the median rule's warm-up, the cluster, threads per trial and
+    keep_trials reach the search from the flow's parameters as from the CLI's options; bad
+    ones are one-line ConfigErrors."""
+    from flows.tune import flow_settings
+    from kgpipe.config.io import parse_config
+    from kgpipe.errors import ConfigError
+
+    base = parse_config({"data": {"dataset": "umls"}, "evaluation": {"every": 2}})
+    common: dict[str, Any] = {
+        "study": "s", "root": str(tmp_path), "trials": 4, "timeout": None, "workers": 2,
+        "seed": 0,
+    }  # fmt: skip
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    s = flow_settings(
+        base, pruner="median", storage=url, prune_warmup=0, cluster="tcp://127.0.0.1:8786",
+        threads_per_worker=1, keep_trials="best", **common,
+    )  # fmt: skip
+    assert (s.storage, s.prune_warmup, s.cluster) == (url, 0, "tcp://127.0.0.1:8786")
+    assert (s.threads_per_worker, s.keep_trials) == (1, "best")
+    d = flow_settings(base, pruner="median", **common)  # the defaults: the library's
+    assert (d.storage, d.prune_warmup, d.cluster, d.threads_per_worker) == (None, 1, "local", None)
+    with pytest.raises(ConfigError, match="prune_warmup: for the median rule"):
+        flow_settings(base, pruner="asha", prune_warmup=0, **common)
+    with pytest.raises(ConfigError, match="cluster: 'nowhere'"):
+        flow_settings(base, pruner="median", cluster="nowhere", **common)
