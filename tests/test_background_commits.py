@@ -1,0 +1,103 @@
+"""runs.callbacks.BackgroundCommits, the one mechanism behind background commits (the replicated
+CheckpointWriter and the sharded ShardedCommit): what it copies, when it waits, where a
+background commit's error surfaces, and that a close bounded by a timeout never hangs."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from kgpipe.checkpoint import TrainState
+from kgpipe.runs.callbacks import BackgroundCommits
+
+
+def _state(epoch: int = 1) -> TrainState:
+    return TrainState(
+        epoch, 10 * epoch, {"entity": torch.zeros(4, 2)}, {"entity.sum": torch.zeros(4)}
+    )
+
+
+class Recorder:
+    """A commit that records what it was given, optionally held until released or failing."""
+
+    def __init__(self, *, hold: bool = False, fail_at: int | None = None) -> None:
+        self.seen: list[tuple[int, TrainState, Any, str]] = []
+        self.release = threading.Event()
+        self.started = threading.Event()
+        if not hold:
+            self.release.set()
+        self.fail_at = fail_at
+
+    def __call__(self, state: TrainState, extra: Any) -> int:
+        self.started.set()
+        self.release.wait(30)
+        self.seen.append((state.epoch, state, extra, threading.current_thread().name))
+        if state.epoch == self.fail_at:
+            raise OSError(f"disk full at epoch {state.epoch}")
+        return state.epoch
+
+
+def test_a_background_commit_writes_a_copy_while_training_goes_on() -> None:
+    commit = Recorder(hold=True)
+    commits = BackgroundCommits(commit, background=True, name="t-ckpt")
+    state = _state(1)
+    assert commits.submit(state, {"m": 1}) is None  # returned at once: in flight
+    assert commit.started.wait(10)
+    state.tables["entity"] += 1.0  # the next epoch trains on the live tables
+    commit.release.set()
+    assert commits.wait(10) == 1
+    _, written, extra, thread = commit.seen[0]
+    assert written is not state and float(written.tables["entity"].sum()) == 0.0  # the copy
+    assert extra == {"m": 1} and thread.startswith("t-ckpt")
+    assert commits.wait() is None  # nothing in flight any more
+    commits.close()
+
+
+def test_a_commit_made_at_once_is_not_copied_and_waits_for_the_one_in_flight() -> None:
+    commit = Recorder()
+    commits = BackgroundCommits(commit, background=True, name="t-ckpt")
+    commits.submit(_state(1), None)
+    last = _state(2)
+    # a segment's last commit: made in the caller's thread, after the one in flight, no copy
+    assert commits.submit(last, None, wait=True) == 2
+    assert [s[0] for s in commit.seen] == [1, 2]
+    assert commit.seen[1][1] is last and commit.seen[1][3] == threading.current_thread().name
+    commits.close()
+
+
+def test_without_a_thread_every_commit_is_made_at_once() -> None:
+    commit = Recorder()
+    commits = BackgroundCommits(commit, background=False, name="t-ckpt")
+    state = _state(3)
+    assert commits.submit(state, None) == 3 and commit.seen[0][1] is state
+    assert commits.close() is None
+
+
+def test_a_failed_background_commit_is_raised_by_the_next_submit_wait_or_close() -> None:
+    for then in ("submit", "wait", "close"):
+        commit = Recorder(fail_at=1)
+        commits = BackgroundCommits(commit, background=True, name="t-ckpt")
+        commits.submit(_state(1), None)
+        with pytest.raises(OSError, match="disk full at epoch 1"):
+            if then == "submit":
+                commits.submit(_state(2), None)
+            elif then == "wait":
+                commits.wait(10)
+            else:
+                commits.close(10)
+        if then == "submit":  # the failed commit stopped the next one from starting
+            assert [s[0] for s in commit.seen] == [1]
+        commits.close()  # raised once: closing again is quiet
+
+
+def test_close_with_a_timeout_does_not_wait_for_a_stuck_commit() -> None:
+    commit = Recorder(hold=True)
+    commits = BackgroundCommits(commit, background=True, name="t-ckpt")
+    commits.submit(_state(1), None)
+    assert commit.started.wait(10)
+    with pytest.raises(TimeoutError):
+        commits.close(0.2)  # a peer that never answers: the failure path gives up
+    commit.release.set()  # (the thread ends on its own)
