@@ -92,7 +92,9 @@ def tune_kge(
     trial 0 trains the base config's own values. ``study``: the study folder (a name
     under ``root``, or a path); an existing one is resumed -- run the flow again with the same
     ``study`` to continue a killed search or to add trials. ``storage``: the new study's
-    Optuna database URL (default: SQLite in the study folder); ``prune_warmup``: validations
+    Optuna database URL (default: SQLite in the study folder; a password in it is kept with
+    the flow run's parameters and shown in the UI, so prefer a URL whose driver reads it
+    elsewhere, such as PostgreSQL's ``~/.pgpass``); ``prune_warmup``: validations
     the median rule spares; ``cluster``: ``local`` or a Dask scheduler address;
     ``threads_per_worker``: torch threads per trial; ``keep_trials``: ``best`` frees the disk
     of the trials that lost. A bad config, space or budget fails the run before any work."""

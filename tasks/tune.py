@@ -72,8 +72,9 @@ def open_or_prepare_study(
         logger.warning("%s resumes with the base config it was created with, not this run's", path)
     if space is not None and folder.space.raw != space.raw:
         logger.warning("%s resumes with the search space it was created with, not this run's", path)
-    for name in ("pruner", "seed"):
-        if getattr(folder.settings, name) != getattr(settings, name):
+    for name in ("pruner", "prune_warmup", "seed", "storage"):
+        given = getattr(settings, name)  # (storage None: not given)
+        if given is not None and getattr(folder.settings, name) != given:
             logger.warning(
                 "%s keeps its %s (%s), not this run's (%s)",
                 path, name, getattr(folder.settings, name), getattr(settings, name),

@@ -175,14 +175,16 @@ def test_killed_flow_process_resumes_the_study_without_repeating_trials(
         "trials": 6,
     }
     code = f"from flows.tune import tune_kge\ntune_kge(**{params!r})\n"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        cwd=REPO,
-        env=prefect_server.client_env(),
-        start_new_session=True,  # its process group: the flow and its Dask cluster
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    log = tmp_path / "flow.log"  # a file, not a pipe nobody reads until the end: it can fill
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            cwd=REPO,
+            env=prefect_server.client_env(),
+            start_new_session=True,  # its process group: the flow and its Dask cluster
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
     def finished() -> dict[int, tuple[Any, Any]]:
         try:
@@ -198,8 +200,7 @@ def test_killed_flow_process_resumes_the_study_without_repeating_trials(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     before = finished()
-    err = proc.stderr.read().decode()[-2000:] if proc.stderr else ""
-    assert 2 <= len(before) < 6, err
+    assert 2 <= len(before) < 6, log.read_text(errors="replace")[-2000:]
 
     again = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=prefect_server.client_env(),

@@ -415,6 +415,7 @@ def test_a_search_is_a_parent_run_with_one_nested_run_per_trial(
     )
     assert winner.data.metrics["test_mrr"] == pytest.approx(results["best"]["test"]["mrr"])
     assert parent.data.metrics["best_test_mrr"] == pytest.approx(results["best"]["test"]["mrr"])
+    assert parent.data.metrics["best_trial"] == results["best"]["trial"]
     # the only other tested trial is the first search's winner (2 trials), if another one
     tested = {r.info.run_id for r in children if "test_mrr" in r.data.metrics}
     assert winner.info.run_id in tested and len(tested) <= 2

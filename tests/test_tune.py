@@ -233,7 +233,9 @@ def test_durations() -> None:
 def _pruned(pruner: object, histories: list[list[float]], every: int) -> list[int | None]:
     """Feed trials' validation curves (one value per `every` epochs) to a pruner in turn, as
     run_trial does; the epoch each was pruned at (None: ran to the end)."""
-    study = optuna.create_study(direction="maximize", pruner=pruner)
+    # named: Hyperband picks a trial's bracket from a hash of the study's name and the trial's
+    # number, and an unnamed study gets a random name
+    study = optuna.create_study(direction="maximize", pruner=pruner, study_name="pruned")
     out: list[int | None] = []
     for values in histories:
         trial = study.ask()
@@ -301,8 +303,8 @@ def test_pruners_stop_trials_where_their_rules_say() -> None:
     assert _pruned(asha, curves, 5) == [None, 5, None, 5, 5, 15]
     assert TuneSettings(pruner="asha").prune_reduction == 3
     # Hyperband, 5 to 20 epochs by 3: two brackets of successive halving (a trial's bracket
-    # comes from a hash of its number), whose rungs are at 5 and 15 epochs; it stops trials
-    # there only, and stops some of these
+    # comes from a hash of the study's name and its number), whose rungs are at 5 and 15
+    # epochs; it stops trials there only, and stops some of these
     hyperband = make_pruner(TuneSettings(pruner="hyperband"), first_step=5, max_step=20)
     at = _pruned(hyperband, curves * 3, 5)
     assert {a for a in at if a is not None} <= {5, 15} and at.count(None) < len(at)

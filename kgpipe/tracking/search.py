@@ -20,7 +20,13 @@ from kgpipe.tracking.client import (
 )
 from kgpipe.tracking.run import experiment_of, run_tags
 
-__all__ = ["log_finished_run", "log_parent_result", "log_run_metrics", "start_parent_run"]
+__all__ = [
+    "log_finished_run",
+    "log_parent_result",
+    "log_run_artifacts",
+    "log_run_metrics",
+    "start_parent_run",
+]
 
 
 def _continued(mlf: Mlflow, run_id: str | None) -> Any | None:
@@ -67,15 +73,13 @@ def log_finished_run(
     status: str = "FINISHED",
     tags: dict[str, str] | None = None,
     run_id: str | None = None,
-    artifacts: Sequence[str] = (),
 ) -> str:
     """Log a whole finished kgpipe run (a trial) after the fact: the run named ``name``, nested
     under ``parent_run_id`` (in its experiment), with the config's params plus ``params`` (the
     sampled values), every epoch of ``history`` (``step=epoch``), ``metrics`` (final values:
-    the objective, test metrics; step = the last epoch), ``tags`` and ``artifacts`` (local
-    files: its report and curve; a file logged again replaces itself); it ends with
-    ``status`` (FINISHED, FAILED, KILLED). With ``run_id`` of an existing run, only the
-    epochs, params and metrics it does not have yet are added. Returns the run id."""
+    the objective, test metrics; step = the last epoch) and ``tags``; it ends with ``status``
+    (FINISHED, FAILED, KILLED). With ``run_id`` of an existing run, only the epochs, params
+    and metrics it does not have yet are added. Returns the run id."""
     mlf = connect(tracking)
     live = _continued(mlf, run_id)
     url = run_store(config).url if config.run.name else str(config.run.root)
@@ -94,10 +98,16 @@ def log_finished_run(
     last = max((int(h["epoch"]) for h in history), default=0)
     if metrics:
         mlf.log_metrics(found, metrics, step=last)
-    for path in artifacts:
-        mlf.log_artifact(found, str(path))
     mlf.set_terminated(found, status)
     return found
+
+
+def log_run_artifacts(tracking: TrackingConfig, run_id: str, paths: Sequence[str]) -> None:
+    """Upload the local files ``paths`` to the run ``run_id`` (ended or not); a file logged
+    again replaces itself."""
+    mlf = connect(tracking)
+    for path in paths:
+        mlf.log_artifact(run_id, str(path))
 
 
 def log_run_metrics(tracking: TrackingConfig, run_id: str, metrics: dict[str, float]) -> None:

@@ -286,10 +286,17 @@ def _search(
             say(f"trial {trial.number}: invalid config: {error}")
             return None
         run = _Running(trial, values, _spec(folder, trial, config))
-        if pruned_at is not None:  # pruned, but the driver died before it was told: what its
-            # run folder recorded up to then (its epochs count, MLflow logs it), not trained again
+        if pruned_at is not None and int(pruned_at) < config.training.epochs:
+            # pruned, but the driver died before it was told: what its run folder recorded up
+            # to then (its epochs count, MLflow logs it), not trained again. (Stopped at its
+            # last epoch, it is complete: run_trial finds the finished run and says so.)
             say(f"trial {trial.number}: pruned at epoch {pruned_at} (recorded)")
-            finish(run, recorded_outcome(trial.number, config, int(pruned_at)))
+            try:
+                outcome = recorded_outcome(trial.number, config, int(pruned_at))
+            except Exception as err:  # an unreadable metrics file must not stop every resume
+                (warn or say)(f"trial {trial.number}: its recorded epochs are unreadable: {err}")
+                outcome = TrialOutcome(trial.number, "pruned")
+            finish(run, outcome)
             return None
         say(f"trial {trial.number}: {describe_values(values)}")
         emit(StudyEvent("started", trial.number, values, None, study, _finished(study), s.trials))
@@ -371,7 +378,10 @@ def _ended_on_error(tracker: StudyTracker | None) -> Iterator[None]:
         yield
     except BaseException as err:
         if tracker is not None:
-            tracker.end("FAILED" if isinstance(err, Exception) else "KILLED")
+            if isinstance(err, Exception):
+                tracker.end("FAILED")
+            else:  # interrupted (Ctrl-C, SIGTERM): on its way out, waits at most 5 s
+                tracker.end("KILLED", wait_s=5.0)
         raise
 
 

@@ -7,6 +7,7 @@ A tracking server failing mid-search is a warning, not the end of the search."""
 from __future__ import annotations
 
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,25 +46,42 @@ class StudyTracker:
         study.set_user_attr(PARENT, parent)
         return cls(folder, study, parent, warn)
 
-    def end(self, status: str) -> None:
+    def end(self, status: str, *, wait_s: float | None = None) -> None:
         """Mark the study's run ended without findings (``KILLED``: the search was interrupted;
         ``FAILED``: it stopped on an error), not left RUNNING; a resume sets it running
-        again."""
+        again. With ``wait_s`` (an interrupted process on its way out) the call runs in a
+        daemon thread waited for that long: a server that stopped answering does not hold
+        the exit for MLflow's retries."""
         from kgpipe.tracking import TrackingError, connect
 
-        try:
-            connect(self.folder.base.tracking).set_terminated(self.parent, status)
-        except TrackingError as err:
-            self.warn(f"the study's MLflow run was not marked {status}: {err}")
+        def mark() -> None:
+            try:
+                connect(self.folder.base.tracking).set_terminated(self.parent, status)
+            except TrackingError as err:
+                self.warn(f"the study's MLflow run was not marked {status}: {err}")
+
+        if wait_s is None:
+            mark()
+            return
+        thread = threading.Thread(target=mark, name="kgpipe-mlflow-end", daemon=True)
+        thread.start()
+        thread.join(wait_s)
+        if thread.is_alive():
+            self.warn(f"the study's MLflow run was not marked {status}: no answer in {wait_s:g} s")
 
     def trial(self, trial: Any, config: dict[str, Any], outcome: Any) -> None:
         """Log a finished trial (its epochs, values, best valid MRR; its config and its curve
         as artifacts) under the study's run."""
         with tempfile.TemporaryDirectory(prefix="kgpipe-trial-") as tmp:
-            self._trial(trial, config, outcome, _trial_files(Path(tmp), config, outcome.history))
+            try:
+                files = _trial_files(Path(tmp), config, outcome.history)
+            except Exception as err:  # the artifacts are extras: the trial is logged anyway
+                self.warn(f"trial {trial.number}: no artifacts for MLflow: {err}")
+                files = []
+            self._trial(trial, config, outcome, files)
 
     def _trial(self, trial: Any, config: dict[str, Any], outcome: Any, files: list[str]) -> None:
-        from kgpipe.tracking import TrackingError, log_finished_run
+        from kgpipe.tracking import TrackingError, log_finished_run, log_run_artifacts
 
         status = {"complete": "FINISHED", "pruned": "KILLED"}.get(outcome.state, "FAILED")
         try:
@@ -78,11 +96,15 @@ class StudyTracker:
                 status=status,
                 tags={"kgpipe.trial": str(trial.number), "kgpipe.trial_state": outcome.state},
                 run_id=trial.user_attrs.get(PARENT),
-                artifacts=files,
             )
             trial.set_user_attr(PARENT, run_id)
         except TrackingError as err:
             self.warn(f"trial {trial.number} not logged to MLflow: {err}")
+            return
+        try:  # after the run is ended and its id kept: a failing artifact store costs only these
+            log_run_artifacts(self.folder.base.tracking, run_id, files)
+        except TrackingError as err:
+            self.warn(f"trial {trial.number}: its artifacts were not logged to MLflow: {err}")
 
 
 def track_findings(
@@ -105,6 +127,8 @@ def track_findings(
         if isinstance(v, int | float) and k in ("mrr", "mr", "hits@1", "hits@3", "hits@10")
     }
     metrics |= {f"best_test_{k}": v for k, v in test.items()}
+    if best.get("trial") is not None:  # which trial the latest best_* are of
+        metrics["best_trial"] = float(best["trial"])
     winner = _trial_run(study, best.get("trial"))
     if test and winner:  # the winner's own run gets its test metrics too, as a tested run has
         try:
@@ -116,7 +140,7 @@ def track_findings(
     # at the step of the trials finished so far: a resumed study that ran more trials logs its
     # new findings after the old ones (MLflow shows the latest step), one summarized again
     # logs nothing twice
-    step = sum(int(v) for v in results["trials"].values())
+    step = sum(int(results["trials"].get(k, 0)) for k in ("complete", "pruned", "fail"))
     try:
         log_parent_result(folder.base.tracking, parent, metrics=metrics, artifacts=files, step=step)
     except TrackingError as err:
