@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -229,3 +231,28 @@ def test_a_killed_writers_lease_is_taken_over_at_once_here_and_after_expiry_else
         assert done.returncode == 0, (case, done.stderr)
         checkpoints = CheckpointStore(Store(str(root / "k")))
         assert [c.epoch for c in checkpoints.committed()][-1] == 200
+
+
+def test_a_holder_that_exited_but_was_not_reaped_is_gone() -> None:
+    """A killed writer whose parent has not reaped it yet (a zombie: where PID 1 does not reap
+    orphans, it stays one) answers signal 0 like a live process; its lease is free at once
+    all the same."""
+    from kgpipe.runs.lease import _holder_gone, _machine, _started
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])  # not waited for: a zombie
+    record = {
+        "host": socket.gethostname(),
+        "pid": proc.pid,
+        "pid_started": _started(proc.pid),
+        "machine": _machine(),
+    }
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.kill(proc.pid, 0)  # no error: to signal 0 it still looks alive
+    assert _holder_gone(record)
+    live = {**record, "pid": os.getppid(), "pid_started": _started(os.getppid())}
+    assert not _holder_gone(live)  # a running process holds its lease
+    proc.wait()
+    assert _holder_gone(record)  # reaped: gone

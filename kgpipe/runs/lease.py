@@ -267,14 +267,19 @@ class RunLease:
         self.release()
 
 
+def _stat(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (Linux); None where unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def _started(pid: int) -> str | None:
     """When process ``pid`` started (clock ticks since boot, Linux), to tell it from a later
     process that reuses its id; None where unknown."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
+    fields = _stat(pid)
+    return fields[19] if fields else None
 
 
 def _holder_gone(record: dict[str, Any]) -> bool:
@@ -294,8 +299,11 @@ def _holder_gone(record: dict[str, Any]) -> bool:
         return True
     except PermissionError:
         pass  # runs, as another user
+    fields = _stat(pid)
+    if fields and fields[0] in ("Z", "X"):  # exited, not yet reaped (where PID 1 reaps late)
+        return True
     started = record.get("pid_started")
-    return started is not None and _started(pid) not in (None, started)
+    return started is not None and fields is not None and fields[19] != started
 
 
 def _machine() -> str | None:
