@@ -433,6 +433,16 @@ def test_killed_training_process_resumes_from_the_last_commit(
     )
     assert out.returncode == 0, out.stderr[-2000:]
     subprocess.run([*base, *sets_for("straight")], cwd=REPO, check=True, env=env)
+
+    def losses(run: str) -> dict[int, float]:
+        rows = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
+        return {r["epoch"]: r.get("loss") for r in map(json.loads, filter(None, rows))}
+
+    straight, killed = losses("straight"), losses(name)
+    differ = [e for e in sorted(straight) if straight[e] != killed.get(e)]
+    # what a failure needs to be understood (seen once in CI under load, not reproduced alone)
+    why = f"killed after commit {done[-1]}; epochs whose loss differs: {differ[:5]}"
+    assert not differ, why
     _assert_same_model(tmp_path / "straight", tmp_path / name)
     assert sorted(_manifests(tmp_path / name))[-1] == 30
     results = json.loads((tmp_path / name / "results.json").read_text())
