@@ -28,7 +28,9 @@ existing one resumed with its own base config and space). Without ``study`` the 
 after the flow run (``tune-MODEL-DATASET-RUNNAME-ID``), so a retry of the same flow run resumes
 it too. ``pruner``, ``prune_warmup``, ``seed`` and ``storage`` (an Optuna database URL; default:
 SQLite in the study folder) are the new study's; ``cluster`` (``local`` or a scheduler
-address), ``threads_per_worker`` and ``keep_trials`` may change on a resume.
+address), ``threads_per_worker`` and ``keep_trials`` may change on a resume. A resume given
+``trials`` and/or ``timeout`` runs on that budget alone (``timeout`` alone: more time, no trial
+limit); given neither, it keeps the study's.
 """
 
 from __future__ import annotations
@@ -194,7 +196,7 @@ def flow_settings(
 ) -> TuneSettings:
     """The search's settings from the flow's parameters; a bad value raises ConfigError. A new
     study without ``trials`` gets 30, or none with only a ``timeout``; without ``workers``, 1
-    (a resumed study keeps its own unless given: :func:`budget_given`)."""
+    (a resumed study keeps its own unless given: ``StudyFolder.with_settings``)."""
     where, name = study_location(study, root)
     if name is None:
         name = _flow_run_study_name(base)

@@ -21,6 +21,7 @@ from typing import Any
 import mlflow  # noqa: F401  (a dev dependency: missing, the suite fails, not skips these)
 import pytest
 from cli_support import run_cli
+from distributed import Client, LocalCluster
 
 from kgpipe.config import RunConfig, config_hash, parse_config, training_differences
 from kgpipe.errors import ConfigError, KgpipeError
@@ -383,10 +384,18 @@ def test_a_search_is_a_parent_run_with_one_nested_run_per_trial(
         }
     )
     space = SearchSpace.from_yaml("training.lr: {loguniform: [1.0e-3, 0.1]}")
-    settings = TuneSettings(root=str(tmp_path / "studies"), name="s", trials=2, workers=1)
-    folder = prepare_study(base, space, settings)
-    run_and_summarize(folder)
-    run_and_summarize(open_study_folder(folder.path).with_settings(trials=3))
+    # the trials run on a cluster of our own, so that its worker can be asked afterwards
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True) as cluster:
+        settings = TuneSettings(
+            root=str(tmp_path / "studies"), name="s", trials=2, workers=1,
+            cluster=cluster.scheduler_address,
+        )  # fmt: skip
+        folder = prepare_study(base, space, settings)
+        run_and_summarize(folder)
+        run_and_summarize(open_study_folder(folder.path).with_settings(trials=3))
+        with Client(cluster) as dask:  # the driver logs: a worker ran trials, never MLflow
+            loaded = dask.run(lambda: ("kgpipe.tune.trial" in sys.modules, "mlflow" in sys.modules))
+            assert list(loaded.values()) == [(True, False)]
 
     client = _client(mlflow_uri)
     exp = client.get_experiment_by_name("search-test")
@@ -447,3 +456,37 @@ def test_a_search_that_stops_on_failures_ends_its_parent_run_failed(
     assert parent.info.status == "FAILED"
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(r.info.status for r in children) == ["FAILED", "FAILED"]
+
+
+def test_a_refused_config_is_a_failed_trial_run_with_its_values(
+    mlflow_uri: str, tmp_path: Path
+) -> None:
+    """A sampled combination the config refuses never trains, but shows in MLflow: a FAILED
+    run under the study's, with the sampled values and the refusal; a resume logs it once."""
+    from kgpipe.tune import SearchSpace, TuneSettings, open_study_folder, prepare_study
+    from kgpipe.tune.study import run_study
+
+    base = _config(tmp_path, "base", mlflow_uri)
+    base = base.model_copy(
+        update={"tracking": base.tracking.model_copy(update={"experiment": "refused"})}
+    )
+    # 1vsall needs cross_entropy or bce: every sample is refused, no trial trains
+    space = SearchSpace.from_yaml(
+        "training.mode: {choices: [1vsall]}\ntraining.loss: {choices: [softplus]}\n"
+        "training.lr: {loguniform: [1.0e-3, 0.1]}\n"
+    )
+    settings = TuneSettings(root=str(tmp_path / "studies"), name="s", trials=2, workers=1)
+    folder = prepare_study(base, space, settings)
+    run_study(folder)
+    run_study(open_study_folder(folder.path))  # budget spent: logs nothing again
+    client = _client(mlflow_uri)
+    runs = client.search_runs([client.get_experiment_by_name("refused").experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("kgpipe.kind") == "study")
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["kgpipe.trial"] for r in children) == ["0", "1"]
+    for child in children:
+        assert child.info.status == "FAILED"
+        assert child.data.tags["kgpipe.trial_state"] == "fail"
+        assert "needs training.loss" in child.data.tags["kgpipe.error"]
+        assert child.data.params["training.loss"] == "softplus"
+        assert float(child.data.params["training.lr"]) > 0

@@ -126,7 +126,10 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         help="continue this study folder: its finished trials are kept, the trials that were "
         "running are continued, and only what the budget has left is sampled",
     )
-    budget = t.add_argument_group("budget (a resumed study keeps its own unless given)")
+    budget = t.add_argument_group(
+        "budget (a resumed study keeps its own unless --trials or --timeout is given: then "
+        "those given are its budget, the others none)"
+    )
     budget.add_argument(
         "--trials",
         type=positive_int,
@@ -328,7 +331,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
             console.print(
                 escape(
                     f"study {folder.path} has its {trials_text(finished_trials(states))}: nothing to run "
-                    "(raise its budget with --trials)"
+                    "(give it a budget: --trials N in all, or --timeout for more time)"
                 ),
                 highlight=False,
                 soft_wrap=True,

@@ -11,6 +11,7 @@ from kgpipe.tracking.run import TRACKING, RunTracker, check_tracking, final_metr
 from kgpipe.tracking.search import (
     log_finished_run,
     log_parent_result,
+    log_refused_trial,
     log_run_artifacts,
     log_run_metrics,
     start_parent_run,
@@ -26,6 +27,7 @@ __all__ = [
     "final_metrics",
     "log_finished_run",
     "log_parent_result",
+    "log_refused_trial",
     "log_run_artifacts",
     "log_run_metrics",
     "metric_key",

@@ -23,6 +23,7 @@ from kgpipe.tracking.run import experiment_of, run_tags
 __all__ = [
     "log_finished_run",
     "log_parent_result",
+    "log_refused_trial",
     "log_run_artifacts",
     "log_run_metrics",
     "start_parent_run",
@@ -99,6 +100,33 @@ def log_finished_run(
     if metrics:
         mlf.log_metrics(found, metrics, step=last)
     mlf.set_terminated(found, status)
+    return found
+
+
+def log_refused_trial(
+    tracking: TrackingConfig,
+    *,
+    name: str,
+    parent_run_id: str,
+    params: dict[str, Any],
+    error: str,
+    tags: dict[str, str],
+    run_id: str | None = None,
+) -> str:
+    """Log a trial whose sampled values the config refused (it never ran): a FAILED run nested
+    under ``parent_run_id`` with the sampled ``params`` and the refusal in the tag
+    ``kgpipe.error``, so that every trial of a search shows in MLflow. With ``run_id`` of an
+    existing run nothing is logged again. Returns the run id."""
+    mlf = connect(tracking)
+    if run_id and mlf.live_run(run_id) is not None:
+        return run_id
+    experiment = str(mlf.get_run(parent_run_id).info.experiment_id)
+    all_tags = {**tracking.tags, **tags, "mlflow.parentRunId": parent_run_id}
+    all_tags["kgpipe.error"] = error[:5000]
+    created = mlf.create_run(experiment, run_name=name, tags=all_tags)
+    found = str(created.info.run_id)
+    mlf.log_params(found, text_params(params), {})
+    mlf.set_terminated(found, "FAILED")
     return found
 
 

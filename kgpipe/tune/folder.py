@@ -106,8 +106,13 @@ class StudyFolder:
     def with_settings(self, **changes: Any) -> StudyFolder:
         """The study with ``changes`` to its settings (a resume's new budget); saved by the
         search that runs it, once it holds the study (a refused second search changes
-        nothing)."""
+        nothing). None changes nothing, except that a budget given (``trials`` and/or
+        ``timeout_s``) replaces the old one whole: ``timeout_s`` alone runs on time alone,
+        and ``trials`` alone drops the old timeout (each run's clock starts anew)."""
+        budget = {k: changes.pop(k, None) for k in ("trials", "timeout_s")}
         changes = {k: v for k, v in changes.items() if v is not None}
+        if any(v is not None for v in budget.values()):
+            changes |= budget
         if not changes:
             return self
         settings = TuneSettings.model_validate({**self.settings.model_dump(), **changes})

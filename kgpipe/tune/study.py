@@ -227,7 +227,7 @@ def _search(
     if s.keep_trials == "best":  # a resumed study given --keep-trials best trims at once
         _trim(folder, study, warn or say)
     if not orphans and not _budget_left(study, s, deadline, 0):
-        say("the study's budget is spent: nothing to run (give a larger --trials to go on)")
+        say("the study's budget is spent: nothing to run (give --trials N in all, or --timeout)")
         return study
     tracker = StudyTracker.open(folder, study, warn or say)
 
@@ -276,6 +276,8 @@ def _search(
         except Exception as err:  # a sampled combination the config refuses (or a bug)
             error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
             outcome = TrialOutcome(trial.number, "fail", error=error)
+            if tracker is not None:  # before the trial is told: its MLflow run id is kept on it
+                tracker.refused(trial, values, error)
             _tell(study, _Running(trial, values, None), outcome)  # type: ignore[arg-type]
             count(outcome, sampled_config=True)
             emit(

@@ -80,6 +80,25 @@ class StudyTracker:
                 files = []
             self._trial(trial, config, outcome, files)
 
+    def refused(self, trial: Any, values: dict[str, Any], error: str) -> None:
+        """Log a trial whose sampled config was refused: a FAILED run with its values and the
+        refusal (it never trained, so no epochs and no artifacts)."""
+        from kgpipe.tracking import TrackingError, log_refused_trial
+
+        try:
+            run_id = log_refused_trial(
+                self.folder.base.tracking,
+                name=f"{self.folder.name}/trial-{trial.number:04d}",
+                parent_run_id=self.parent,
+                params=dict(values),
+                error=error,
+                tags={"kgpipe.trial": str(trial.number), "kgpipe.trial_state": "fail"},
+                run_id=trial.user_attrs.get(PARENT),
+            )
+            trial.set_user_attr(PARENT, run_id)
+        except TrackingError as err:
+            self.warn(f"trial {trial.number} not logged to MLflow: {err}")
+
     def _trial(self, trial: Any, config: dict[str, Any], outcome: Any, files: list[str]) -> None:
         from kgpipe.tracking import TrackingError, log_finished_run, log_run_artifacts
 
