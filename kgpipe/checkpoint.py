@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -36,7 +37,7 @@ from torch import Tensor
 
 from kgpipe.errors import CheckpointError
 from kgpipe.sharded_tensors import SHARD_PREFIX, assemble_shards
-from kgpipe.storage import Store, file_sha256
+from kgpipe.storage import CHECKSUM, CHECKSUMS, Store, file_checksum
 
 __all__ = [
     "Checkpoint",
@@ -98,6 +99,18 @@ def _dir(epoch: int) -> str:
     return f"{ROOT}/epoch-{epoch:06d}"
 
 
+def _matches(path: str, info: dict[str, Any]) -> bool:
+    """Whether the local file ``path`` has the size and checksum of its manifest entry (XXH3-128,
+    or SHA-256 in a manifest from before it; an entry with neither matches nothing)."""
+    algorithm = next((a for a in CHECKSUMS if a in info), None)
+    if algorithm is None:
+        log.warning("%s: its manifest entry names no checksum kgpipe knows (%s)", path, info)
+        return False
+    if os.path.getsize(path) != info["bytes"]:  # cheap: a truncated file is not read
+        return False
+    return file_checksum(path, algorithm) == (info[algorithm], info["bytes"])
+
+
 class CheckpointStore:
     """Commit, find, verify, load and prune the checkpoints of one run folder."""
 
@@ -148,12 +161,12 @@ class CheckpointStore:
         """Write one file of epoch ``epoch``'s checkpoint (not committed); returns its manifest
         entry. Streamed from the tensors to a file (no copy in memory), then hashed."""
         metadata = {"format": FORMAT, "epoch": str(epoch)}
-        sha256, size = self.store.write_produced(
+        digest, size = self.store.write_produced(
             f"{_dir(epoch)}/{name}",
             lambda path: st_save_file(tensors, path, metadata=metadata),
             size=sum(t.numel() * t.element_size() for t in tensors.values()),
         )
-        return {"sha256": sha256, "bytes": size}
+        return {CHECKSUM: digest, "bytes": size}
 
     def commit(
         self,
@@ -238,7 +251,7 @@ class CheckpointStore:
         self, ckpt: Checkpoint, files: Callable[[dict[str, Any]], bool] | None = None
     ) -> Iterator[dict[str, str] | None]:
         """Local paths of the checkpoint's files (those whose manifest entry ``files`` accepts),
-        each checked against the manifest's size and sha256 (read from disk in blocks, never
+        each checked against the manifest's size and checksum (read from disk in blocks, never
         whole into memory); ``None`` if any is missing or differs."""
         with contextlib.ExitStack() as stack:
             paths: dict[str, str] = {}
@@ -252,7 +265,7 @@ class CheckpointStore:
                     log.warning("%s: missing; checkpoint of epoch %d skipped", rel, ckpt.epoch)
                     yield None
                     return
-                if file_sha256(path) != (info["sha256"], info["bytes"]):
+                if not _matches(path, info):
                     log.warning(
                         "%s: checksum mismatch (corrupt); checkpoint of epoch %d skipped",
                         self.store.url_of(rel), ckpt.epoch,

@@ -49,6 +49,7 @@ def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
         rel,
         lambda path: st_save_file(tensors, path, metadata=metadata),
         size=sum(t.numel() * t.element_size() for t in tensors.values()),
+        checksum=False,  # nothing keeps it: a model file is not a checkpoint
     )
 
 

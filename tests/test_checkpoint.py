@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+import xxhash
 from rank_callbacks import FaultAt
 from safetensors.torch import load_file
 
@@ -104,7 +105,7 @@ def test_a_commit_streams_the_state_to_its_file_without_a_copy_in_memory(tmp_pat
     assert peak < 4 * 2**20, peak
     name, info = next(iter(ckpt.manifest["files"].items()))
     data = (tmp_path / "checkpoints" / "epoch-000001" / name).read_bytes()
-    assert info == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    assert info == {"xxh3_128": xxhash.xxh3_128(data).hexdigest(), "bytes": len(data)}
     back = ckpts.load(ckpt)
     assert torch.equal(back.tables["entity"], state.tables["entity"])
     assert torch.equal(back.optimizer["entity.sum"], state.optimizer["entity.sum"])
@@ -118,7 +119,11 @@ def test_a_produced_file_is_written_whole_and_hashed_or_not_at_all(
     store = Store(url)
     data = os.urandom(100_000)
     digest = store.write_produced("a/f.bin", lambda p: Path(p).write_bytes(data), size=len(data))
-    assert digest == (hashlib.sha256(data).hexdigest(), len(data))
+    assert digest == (xxhash.xxh3_128(data).hexdigest(), len(data))
+    unhashed = store.write_produced(
+        "a/e.bin", lambda p: Path(p).write_bytes(data), size=1, checksum=False
+    )
+    assert unhashed == ("", len(data))
     assert store.read_bytes("a/f.bin") == data
 
     def dies(path: str) -> None:
@@ -129,7 +134,7 @@ def test_a_produced_file_is_written_whole_and_hashed_or_not_at_all(
         store.write_produced("a/g.bin", dies, size=len(data))
     with pytest.raises(OSError, match="10 bytes written, 100,000 expected"):
         store.write_produced("a/h.bin", lambda p: Path(p).write_bytes(data[:10]), size=len(data))
-    assert store.list("a") == ["f.bin"]  # nothing half-written, no temporary file
+    assert store.list("a") == ["e.bin", "f.bin"]  # nothing half-written, no temporary file
 
 
 def test_a_model_file_is_read_from_disk_and_a_foreign_one_is_one_line(tmp_path: Path) -> None:
@@ -174,6 +179,35 @@ def test_corrupt_checkpoint_is_skipped_with_a_warning(
     assert [c.epoch for c in ckpts.committed()] == [1, 2]
     ckpts.save(_state(3), {})
     assert [c.epoch for c in ckpts.committed()] == [1, 2, 3]
+
+
+def test_a_checkpoint_from_before_xxh3_is_verified_by_its_sha256(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Manifests written before XXH3-128 name SHA-256: such a checkpoint still loads, and a
+    flipped bit in it is still caught; an entry naming no known checksum is not trusted."""
+    ckpts = CheckpointStore(Store(str(tmp_path)))
+    for e in (1, 2, 3):
+        ckpts.save(_state(e), {})
+    for e, name in ((2, "sha256"), (3, "sha256"), (1, "md5")):
+        folder = tmp_path / "checkpoints" / f"epoch-{e:06d}"
+        manifest = json.loads((folder / "manifest.json").read_text())
+        for file, info in manifest["files"].items():
+            del info["xxh3_128"]
+            data = (folder / file).read_bytes()
+            info[name] = hashlib.new(name, data).hexdigest()
+        (folder / "manifest.json").write_text(json.dumps(manifest))
+    state_file = next((tmp_path / "checkpoints" / "epoch-000003").glob("state-*"))
+    raw = bytearray(state_file.read_bytes())
+    raw[-10] ^= 0xFF
+    state_file.write_bytes(bytes(raw))
+    with caplog.at_level(logging.WARNING, logger="kgpipe.checkpoint"):
+        found = ckpts.resume_point()
+        assert found is not None and found[0].epoch == 2  # sha256 verified, epoch 3 corrupt
+        assert torch.equal(ckpts.load(found[0]).tables["entity"], _state(2).tables["entity"])
+        assert "checksum mismatch" in caplog.text
+        assert not ckpts.verify(next(c for c in ckpts.committed() if c.epoch == 1))
+    assert "names no checksum kgpipe knows" in caplog.text
 
 
 def test_retention_keeps_last_k_and_best(tmp_path: Path) -> None:
@@ -603,7 +637,7 @@ def test_s3_outage_during_a_checkpoint_write(own_s3_server: Any, tmp_path: Path)
     store_cls_write = Store.write_produced
     seen: dict[str, Any] = {}
 
-    def write_produced(self: Store, rel: str, produce: Any, *, size: int) -> tuple[str, int]:
+    def write_produced(self: Store, rel: str, produce: Any, **kwargs: Any) -> tuple[str, int]:
         if rel.startswith("checkpoints/epoch-000002/state-") and "stopped" not in seen:
             own_s3_server.stop()
             seen["stopped"] = time.monotonic()
@@ -615,7 +649,7 @@ def test_s3_outage_during_a_checkpoint_write(own_s3_server: Any, tmp_path: Path)
 
             seen["thread"] = threading.Thread(target=restart)
             seen["thread"].start()
-        return store_cls_write(self, rel, produce, size=size)
+        return store_cls_write(self, rel, produce, **kwargs)
 
     cfg = _s3_config(server, "outage", checkpoint={"background": False, "keep_last": 100},
                      fault_tolerance={"storage_retries": 8, "storage_backoff_s": 0.5})  # fmt: skip

@@ -119,7 +119,8 @@ def save_candidates(store: Store, split: str, found: SplitCandidates) -> None:
             with open(path, "wb") as f:  # a name would get ".npy" appended
                 np.save(f, array, allow_pickle=False)
 
-        store.write_produced(f"{CANDIDATES}/{split}-{side}.npy", produce, size=array.nbytes)
+        rel = f"{CANDIDATES}/{split}-{side}.npy"
+        store.write_produced(rel, produce, size=array.nbytes, checksum=False)
 
 
 def _load_array(store: Store, rel: str) -> np.ndarray:
