@@ -255,3 +255,41 @@ def test_the_config_refuses_mixed_protocols(tmp_path: Path) -> None:
     for sections, message in cases:
         with pytest.raises(ConfigError, match=message):
             parse_config({**base, **sections})
+
+
+@pytest.mark.parametrize("unseen", ["keep", "drop"])
+def test_candidate_rows_of_a_spilled_split_equal_those_staged_in_memory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, unseen: str
+) -> None:
+    """Under ``data.memory_budget`` a split's ids are spilled and deduplicated a group at a time;
+    its candidate rows must follow the same kept lines as staging in memory keeps."""
+    from test_spill import _graph, _spilling
+
+    files = _graph(tmp_path)  # 300 valid lines over 90 entities
+    valid = Path(files["valid"]).read_text().splitlines()
+    # 20 repeated lines and 10 of an entity train lacks, spread through the file
+    valid += valid[:20] + [f"new{i}\tr0\te{i}" for i in range(10)]
+    valid = [valid[i] for i in np.random.default_rng(4).permutation(len(valid))]
+    Path(files["valid"]).write_text("\n".join(valid) + "\n")
+    labels = [f"e{i}" for i in range(90)]
+    rng = np.random.default_rng(5)
+    section: dict[str, Any] = {"valid": {}}
+    for side in ("head", "tail"):
+        path = tmp_path / f"valid-{side}.tsv"
+        rows = rng.integers(0, 90, (len(valid), 7))
+        path.write_text("".join("\t".join(labels[i] for i in row) + "\n" for row in rows))
+        section["valid"][side] = str(path)
+    plain = load_dataset(DataConfig(**files, unseen=unseen, candidates=section))
+    seen: list[str] = []
+    _spilling(monkeypatch, seen)
+    budgeted = load_dataset(
+        DataConfig(**files, unseen=unseen, candidates=section, memory_budget="16MiB")
+    )
+    assert "valid.tsv" in seen  # the split was spilled
+    report = plain.reports["valid"]
+    assert report.duplicates == 20 and report.triples == (310 if unseen == "keep" else 300)
+    assert torch.equal(plain.valid, budgeted.valid)
+    a, b = plain.candidates["valid"], budgeted.candidates["valid"]
+    assert a.head.shape[0] == plain.valid.shape[0]
+    assert np.array_equal(a.head, b.head) and np.array_equal(a.tail, b.tail)
+    assert plain.fingerprint == budgeted.fingerprint
