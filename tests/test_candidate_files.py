@@ -293,3 +293,79 @@ def test_candidate_rows_of_a_spilled_split_equal_those_staged_in_memory(
     assert a.head.shape[0] == plain.valid.shape[0]
     assert np.array_equal(a.head, b.head) and np.array_equal(a.tail, b.tail)
     assert plain.fingerprint == budgeted.fingerprint
+
+
+@pytest.mark.parametrize("suffix", ["tsv", "npy"])
+def test_a_candidate_read_cut_off_midway_is_retried_from_the_start(
+    monkeypatch: pytest.MonkeyPatch, suffix: str
+) -> None:
+    """A connection that breaks while a candidate file streams from an object store: the read
+    starts again (nothing of the broken try kept) and gives what an unbroken read gives."""
+    import contextlib
+    import io
+    import uuid
+
+    import fsspec
+
+    import kgpipe.data.candidates as candidates
+    from kgpipe.retry import RetryPolicy
+
+    labels = [str(i) for i in range(41)]  # an .npy file's numbers are labels' decimal forms
+    rows = np.random.default_rng(0).integers(0, 40, (500, 6))
+    root = f"memory://kgpipe-cand-{uuid.uuid4().hex}"
+    fs = fsspec.filesystem("memory")
+    files = {}
+    for side in ("head", "tail"):
+        url = f"{root}/{side}.{suffix}"
+        if suffix == "npy":
+            buf = io.BytesIO()
+            np.save(buf, rows + (side == "tail"))
+            fs.pipe(url, buf.getvalue())
+        else:
+            text = "".join("\t".join(labels[i] for i in row) + "\n" for row in rows)
+            fs.pipe(url, text.encode())
+        files[side] = url
+    kwargs: dict[str, Any] = {
+        "entities": candidates.entity_array(labels),
+        "lines": 500,
+        "kept": np.arange(0, 500, 2),
+        "triples_source": "valid.tsv",
+        "retry": RetryPolicy(retries=2, backoff_s=0.01),
+    }
+    whole = candidates.read_candidates(files, None, **kwargs)
+
+    class Broken(io.RawIOBase):
+        """Hands on 3,000 bytes of the file, then the connection resets."""
+
+        def __init__(self, f: Any) -> None:
+            self.f, self.left = f, 3_000
+
+        def readable(self) -> bool:
+            return True
+
+        def readinto(self, b: Any) -> int:
+            if self.left <= 0:
+                raise ConnectionResetError("connection reset by peer")
+            data = self.f.read(min(len(b), self.left))
+            self.left -= len(data)
+            b[: len(data)] = data
+            return len(data)
+
+        def readline(self, size: int = -1) -> bytes:
+            return bytes(self.f.readline(size))
+
+    real, calls = candidates.opened, {"n": 0}
+
+    @contextlib.contextmanager
+    def breaking(url: str, options: Any) -> Any:
+        with real(url, options) as f:
+            calls["n"] += 1
+            # the first stream of the data (a text file's first open reads only its first line)
+            yield Broken(f) if calls["n"] == (2 if suffix == "tsv" else 1) else f
+
+    monkeypatch.setattr(candidates, "opened", breaking)
+    again = candidates.read_candidates(files, None, **kwargs)
+    assert calls["n"] == (6 if suffix == "tsv" else 3)  # the broken side read again, whole
+    assert np.array_equal(again.head, whole.head) and np.array_equal(again.tail, whole.tail)
+    assert again.head.shape == (250, 6)
+    assert again.sources == whole.sources  # the checksum of the whole file, once
