@@ -369,3 +369,8 @@ def test_a_candidate_read_cut_off_midway_is_retried_from_the_start(
     assert np.array_equal(again.head, whole.head) and np.array_equal(again.tail, whole.tail)
     assert again.head.shape == (250, 6)
     assert again.sources == whole.sources  # the checksum of the whole file, once
+    # an .npy file was downloaded to a temporary file to be mapped: none is left, the broken
+    # try's included
+    import tempfile
+
+    assert not list(Path(tempfile.gettempdir()).glob("kgpipe-cand-*"))

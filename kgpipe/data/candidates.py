@@ -21,14 +21,17 @@ least four times as many labels as there are entities at a time (a call hashes e
 label), column after column, with one ``index_in``; the numbers of a ``.npy`` array go through a
 lookup table where every entity label is a number in its own decimal form (OGB's graphs), and
 by their text otherwise. Memory: the ids (``int32`` where they fit) of the rows kept, one buffer
-and the entity labels (and, for ``.npy``, the array).
+and the entity labels (and, for ``.npy``, the number lookup; the array itself is memory-mapped,
+from a temporary file when it lives on an object store).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
-import io
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -250,22 +253,31 @@ def _locate(url: str, storage_options: dict[str, Any] | None) -> None:
 def _npy(
     url: str, storage_options: dict[str, Any] | None, entities: pa.Array, kept: np.ndarray
 ) -> tuple[np.ndarray, int, str]:
-    sha = hashlib.sha256()
+    """A ``.npy`` file's rows, memory-mapped and hashed a block at a time (one on an object store
+    is first downloaded, a block at a time, to a temporary file), so that memory holds only the
+    kept rows' ids, never the file."""
     local = url.removeprefix("file://") if "://" not in url or url.startswith("file://") else None
-    try:
-        if local is not None:  # mapped, not read into memory (and hashed a block at a time)
+    sha = hashlib.sha256()
+    with contextlib.ExitStack() as stack:
+        if local is None:
+            folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="kgpipe-cand-"))
+            local = os.path.join(folder, "candidates.npy")
+            with opened(url, storage_options) as raw, open(local, "wb") as out:
+                for chunk in iter(lambda: raw.read(_BLOCK), b""):
+                    sha.update(chunk)
+                    out.write(chunk)
+        else:
             with open(local, "rb") as f:
                 for chunk in iter(lambda: f.read(_BLOCK), b""):
                     sha.update(chunk)
+        try:
             array = np.load(local, mmap_mode="r", allow_pickle=False)
-        else:
-            with opened(url, storage_options) as raw:
-                data = raw.read()
-            sha.update(data)
-            array = np.load(io.BytesIO(data), allow_pickle=False)
-            del data
-    except ValueError as err:
-        raise DataError(url, f"not a .npy array: {err}") from None
+        except ValueError as err:
+            raise DataError(url, f"not a .npy array: {err}") from None
+        return (*_npy_rows(url, array, entities, kept), sha.hexdigest())
+
+
+def _npy_rows(url: str, array: Any, entities: pa.Array, kept: np.ndarray) -> tuple[np.ndarray, int]:
     if not isinstance(array, np.ndarray):  # np.load opens an .npz archive too
         raise DataError(url, "not a .npy array (an .npz archive? save each array with np.save)")
     if array.ndim != 2 or array.dtype.kind not in "iu" or array.shape[1] == 0:
@@ -289,7 +301,7 @@ def _npy(
             mapper.fail(lo + row + 1, col, str(block[row, col]))
         mapper.place(ids)
     mapper.flush()
-    return mapper.out, int(array.shape[0]), sha.hexdigest()
+    return mapper.out, int(array.shape[0])
 
 
 def _number_lookup(entities: pa.Array) -> np.ndarray | None:
