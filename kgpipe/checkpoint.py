@@ -7,10 +7,10 @@ Layout under the run folder::
 
 The state file's name carries a random token, so an attempt that failed half-way (or a stale
 writer) can never overwrite bytes that a committed manifest points to. A checkpoint exists only
-once its manifest does; "latest" is the newest checkpoint whose manifest exists and whose files
-match their SHA-256. Incomplete or corrupt ones are skipped with a warning. Committed manifests
-are never overwritten; retention removes a checkpoint manifest first, so a half-deleted
-checkpoint is an uncommitted one.
+once its manifest does; "latest" is the newest one whose manifest exists and whose files match
+their checksums (:mod:`kgpipe.checksums`); incomplete or corrupt ones are skipped with a warning.
+Committed manifests are never overwritten; retention removes a manifest first, so a
+half-deleted checkpoint is an uncommitted one.
 
 A sharded run's ranks each write their shards' file, and rank 0 commits the manifest listing
 them all (:mod:`kgpipe.sharded_tensors`). Tensors are stored with safetensors (no pickle);
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import re
 import time
 import uuid
@@ -35,9 +34,10 @@ from safetensors.torch import load_file as st_load_file
 from safetensors.torch import save_file as st_save_file
 from torch import Tensor
 
+from kgpipe.checksums import CHECKSUM, entry_matches
 from kgpipe.errors import CheckpointError
 from kgpipe.sharded_tensors import SHARD_PREFIX, assemble_shards
-from kgpipe.storage import CHECKSUM, CHECKSUMS, Store, file_checksum
+from kgpipe.storage import Store
 
 __all__ = [
     "Checkpoint",
@@ -48,7 +48,8 @@ __all__ = [
 
 log = logging.getLogger("kgpipe.checkpoint")
 
-FORMAT = "kgpipe-checkpoint/1"
+FORMAT = "kgpipe-checkpoint/2"  # /2: XXH3-128 checksums
+READABLE = (FORMAT, "kgpipe-checkpoint/1")  # /1: SHA-256
 ROOT = "checkpoints"
 _DIR = re.compile(r"^epoch-(\d{6,})$")
 
@@ -99,18 +100,6 @@ def _dir(epoch: int) -> str:
     return f"{ROOT}/epoch-{epoch:06d}"
 
 
-def _matches(path: str, info: dict[str, Any]) -> bool:
-    """Whether the local file ``path`` has the size and checksum of its manifest entry (XXH3-128,
-    or SHA-256 in a manifest from before it; an entry with neither matches nothing)."""
-    algorithm = next((a for a in CHECKSUMS if a in info), None)
-    if algorithm is None:
-        log.warning("%s: its manifest entry names no checksum kgpipe knows (%s)", path, info)
-        return False
-    if os.path.getsize(path) != info["bytes"]:  # cheap: a truncated file is not read
-        return False
-    return file_checksum(path, algorithm) == (info[algorithm], info["bytes"])
-
-
 class CheckpointStore:
     """Commit, find, verify, load and prune the checkpoints of one run folder."""
 
@@ -158,8 +147,7 @@ class CheckpointStore:
             raise
 
     def write_file(self, epoch: int, name: str, tensors: dict[str, Tensor]) -> dict[str, Any]:
-        """Write one file of epoch ``epoch``'s checkpoint (not committed); returns its manifest
-        entry. Streamed from the tensors to a file (no copy in memory), then hashed."""
+        """Write (streamed, no copy in memory) and hash a file of ``epoch``: its manifest entry."""
         metadata = {"format": FORMAT, "epoch": str(epoch)}
         digest, size = self.store.write_produced(
             f"{_dir(epoch)}/{name}",
@@ -232,7 +220,7 @@ class CheckpointStore:
         except (ValueError, UnicodeDecodeError):
             log.warning("%s: unreadable manifest; skipped", self.store.url_of(rel))
             return None
-        if not isinstance(data, dict) or data.get("format") != FORMAT:
+        if not isinstance(data, dict) or data.get("format") not in READABLE:
             log.warning("%s: not a %s manifest; skipped", self.store.url_of(rel), FORMAT)
             return None
         return data
@@ -265,7 +253,7 @@ class CheckpointStore:
                     log.warning("%s: missing; checkpoint of epoch %d skipped", rel, ckpt.epoch)
                     yield None
                     return
-                if not _matches(path, info):
+                if not entry_matches(path, info):
                     log.warning(
                         "%s: checksum mismatch (corrupt); checkpoint of epoch %d skipped",
                         self.store.url_of(rel), ckpt.epoch,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import shutil
@@ -20,20 +19,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
-import xxhash
 from fsspec.core import url_to_fs
 
+from kgpipe.checksums import file_checksum
 from kgpipe.endpoints import check_reachable
 from kgpipe.errors import StorageError, StorageFull
 from kgpipe.retry import RetryPolicy, is_out_of_space, is_transient, retrying
 
 __all__ = [
-    "CHECKSUM",
-    "CHECKSUMS",
     "RetryPolicy",
     "Store",
     "check_reachable",
-    "file_checksum",
     "is_out_of_space",
     "is_transient",
     "join_url",
@@ -132,7 +128,7 @@ class Store:
         self, rel: str, produce: Callable[[str], None], *, size: int, checksum: bool = True
     ) -> tuple[str, int]:
         """Write the file that ``produce(path)`` writes at a local ``path``, whole or not at all,
-        and return its :data:`CHECKSUM` (``""`` without ``checksum``) and size, so that a large
+        and return its checksum (:func:`~kgpipe.checksums.file_checksum`; ``""`` without ``checksum``) and size, so that a large
         file (a checkpoint) never sits in memory. Local:
         a temporary file beside ``rel``, fsynced and renamed into place; an object store: a
         temporary file in the system's temp folder, uploaded (in parts) with retries, removed.
@@ -321,27 +317,6 @@ def read_url(
     return retrying(
         lambda: bytes(fs.cat_file(path)), what=f"read {url}", policy=retry or RetryPolicy()
     )
-
-
-#: the checksum of the files a checkpoint commits: XXH3-128, a non-cryptographic hash that
-#: catches corruption (bit flips, truncation, a mixed-up file) at memory speed, where SHA-256
-#: ran at 283 MB/s on our 2-core CI machine and made up most of a commit's CPU time
-CHECKSUM = "xxh3_128"
-#: every checksum a manifest may name (sha256: manifests written before XXH3-128)
-CHECKSUMS = (CHECKSUM, "sha256")
-
-
-def file_checksum(path: str, algorithm: str = CHECKSUM) -> tuple[str, int]:
-    """The checksum (hex; ``algorithm`` one of :data:`CHECKSUMS`) and size of a local file,
-    read in blocks."""
-    with open(path, "rb") as f:
-        if algorithm == "sha256":
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
-        elif algorithm == "xxh3_128":
-            digest = hashlib.file_digest(f, xxhash.xxh3_128).hexdigest()
-        else:
-            raise ValueError(f"unknown checksum {algorithm!r} (known: {', '.join(CHECKSUMS)})")
-        return digest, os.fstat(f.fileno()).st_size
 
 
 def _produce(

@@ -80,7 +80,9 @@ def open_or_prepare_study(
                 path, name, getattr(folder.settings, name), getattr(settings, name),
             )  # fmt: skip
     folder = folder.with_settings(**(budget or {}))
-    logger.info("resuming study %s (%d trial(s) in all)", folder.path, folder.settings.trials or 0)
+    trials = folder.settings.trials
+    budget_text = f"{trials} trial(s) in all" if trials else "no trial limit"
+    logger.info("resuming study %s (%s)", folder.path, budget_text)
     return folder
 
 

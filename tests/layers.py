@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.errors",
             "kgpipe.registry",
             "kgpipe.storage",
+            "kgpipe.checksums",
             "kgpipe.retry",
             "kgpipe.endpoints",
             "kgpipe.process",

@@ -463,7 +463,7 @@ def test_a_refused_config_is_a_failed_trial_run_with_its_values(
 ) -> None:
     """A sampled combination the config refuses never trains, but shows in MLflow: a FAILED
     run under the study's, with the sampled values and the refusal; a resume logs it once."""
-    from kgpipe.tune import SearchSpace, TuneSettings, open_study_folder, prepare_study
+    from kgpipe.tune import SearchSpace, TuneSettings, prepare_study
     from kgpipe.tune.study import run_study
 
     base = _config(tmp_path, "base", mlflow_uri)
@@ -478,7 +478,18 @@ def test_a_refused_config_is_a_failed_trial_run_with_its_values(
     settings = TuneSettings(root=str(tmp_path / "studies"), name="s", trials=2, workers=1)
     folder = prepare_study(base, space, settings)
     run_study(folder)
-    run_study(open_study_folder(folder.path))  # budget spent: logs nothing again
+    # logged again with its kept run id (a driver that died after logging, before telling
+    # Optuna): the same run, nothing new
+    from kgpipe.tracking import log_refused_trial
+    from kgpipe.tune.study import load_optuna_study
+    from kgpipe.tune.track import PARENT
+
+    first = load_optuna_study(folder).get_trials()[0]
+    again = log_refused_trial(
+        base.tracking, name="again", parent_run_id=load_optuna_study(folder).user_attrs[PARENT],
+        params={}, error="again", tags={}, run_id=first.user_attrs[PARENT],
+    )  # fmt: skip
+    assert again == first.user_attrs[PARENT]
     client = _client(mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("refused").experiment_id])
     parent = next(r for r in runs if r.data.tags.get("kgpipe.kind") == "study")

@@ -585,12 +585,13 @@ def test_resumed_study_draws_new_values_and_a_second_search_is_refused(tmp_path:
 def test_a_resume_given_a_budget_runs_on_that_budget_alone(tmp_path: Path) -> None:
     """`--resume --timeout` alone gives a spent study more time with no trial limit; `--trials`
     alone drops the old timeout; options that are no budget keep it."""
-    settings = TuneSettings(root=str(tmp_path), name="s", trials=2, timeout_s=3600.0, seed=0)
+    settings = TuneSettings(root=str(tmp_path), name="s", trials=40, timeout_s=3600.0, seed=0)
     folder = prepare_study(base_config(), SearchSpace.from_yaml(SPACE), settings)
     kept = folder.with_settings(workers=2, trials=None, timeout_s=None).settings
-    assert (kept.trials, kept.timeout_s, kept.workers) == (2, 3600.0, 2)
+    assert (kept.trials, kept.timeout_s, kept.workers) == (40, 3600.0, 2)
     timed = folder.with_settings(timeout_s=60.0).settings
     assert (timed.trials, timed.timeout_s) == (None, 60.0)
+    assert timed.startup() == settings.startup() == 8  # the start-up of the first budget
     counted = folder.with_settings(trials=5).settings
     assert (counted.trials, counted.timeout_s) == (5, None)
     assert folder.with_settings(trials=None) is folder

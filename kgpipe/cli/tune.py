@@ -128,7 +128,7 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
     )
     budget = t.add_argument_group(
         "budget (a resumed study keeps its own unless --trials or --timeout is given: then "
-        "those given are its budget, the others none)"
+        "the ones given are its whole budget, and one not given is no limit)"
     )
     budget.add_argument(
         "--trials",

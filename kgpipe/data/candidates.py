@@ -75,13 +75,20 @@ def entity_array(labels: Sequence[str]) -> pa.Array:
 
 
 class _Sha:
-    """A binary reader that hashes what it hands on."""
+    """A binary reader that hands on ``head`` (bytes already read from ``f``), then the rest of
+    ``f``, and hashes what it hands on."""
 
-    def __init__(self, f: IO[bytes]) -> None:
-        self._f, self.sha, self.closed = f, hashlib.sha256(), False
+    def __init__(self, f: IO[bytes], head: bytes = b"") -> None:
+        self._f, self._head, self.sha, self.closed = f, head, hashlib.sha256(), False
 
     def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
+        if not self._head:
+            data = self._f.read(n)
+        elif 0 <= n < len(self._head):
+            data, self._head = self._head[:n], self._head[n:]
+        else:
+            data = self._head + self._f.read(n if n < 0 else n - len(self._head))
+            self._head = b""
         self.sha.update(data)
         return data
 
@@ -192,14 +199,14 @@ class _Mapper:
 def _text(
     url: str, storage_options: dict[str, Any] | None, entities: pa.Array, kept: np.ndarray
 ) -> tuple[np.ndarray, int, str]:
-    with opened(url, storage_options) as raw:
-        first = raw.readline().decode("utf-8", errors="replace").rstrip("\r\n")
-    if not first:
-        raise DataError(url, "line 1: blank (each line is a triple's row)")
-    k = first.count("\t") + 1
-    mapper = _Mapper(url, entities, kept, k)
-    with opened(url, storage_options) as raw:
-        f = _Sha(raw)
+    with opened(url, storage_options) as raw:  # opened once: the first line tells k
+        head = raw.readline()
+        first = head.decode("utf-8", errors="replace").rstrip("\r\n")
+        if not first:
+            raise DataError(url, "line 1: blank (each line is a triple's row)")
+        k = first.count("\t") + 1
+        mapper = _Mapper(url, entities, kept, k)
+        f = _Sha(raw, head)
         try:
             for batch in _batches(f, k):
                 if batch.num_rows:

@@ -6,7 +6,7 @@ A commit (every ``checkpoint.every`` epochs and at the segment's end) is a colle
    earlier failed try at this epoch left;
 2. every rank writes one file with its shards' ids, rows and optimiser state (rank 0 adds the
    replicated part: the relation table, its optimiser state, the step count, the RNG state);
-3. the ranks tell rank 0 their file's name, size and SHA-256 (computed from the written file);
+3. the ranks tell rank 0 their file's name, size and checksum (computed from the written file);
    rank 0 commits the manifest listing every file -- only when every rank wrote its file -- and
    tells the ranks the outcome, so that a failed commit fails the whole gang at once (it is
    relaunched from the last commit, as after any failed commit).
@@ -211,11 +211,11 @@ def load_rank_state(
     tables: bool = False,
 ) -> TrainState:
     """This rank's part of checkpoint ``ckpt``: its own entity rows and their optimiser state,
-    and the replicated rest (``tables``: without any optimiser state). Of a sharded checkpoint only this rank's shards' tensors are read
-    (whatever world size wrote it): the manifest says which shards each file holds, so a rank
-    fetches and checks against its SHA-256 only the files with its shards and the one with the
-    replicated part (the driver has verified the whole checkpoint before the gang starts); a
-    replicated checkpoint is read whole and sliced."""
+    and the replicated rest (``tables``: without any optimiser state). Of a sharded checkpoint
+    only this rank's shards' tensors are read (whatever world size wrote it): the manifest says
+    which shards each file holds, so a rank fetches and checks against its checksum only the
+    files with its shards and the one with the replicated part (the driver has verified the
+    whole checkpoint before the gang starts); a replicated checkpoint is read whole and sliced."""
     mine = set(exchange.map.shards_of(exchange.rank))
 
     def keep(key: str) -> bool:

@@ -112,7 +112,8 @@ class StudyFolder:
         budget = {k: changes.pop(k, None) for k in ("trials", "timeout_s")}
         changes = {k: v for k, v in changes.items() if v is not None}
         if any(v is not None for v in budget.values()):
-            changes |= budget
+            # the random start-up follows the first budget, not a later one (or none)
+            changes |= {**budget, "startup_trials": self.settings.startup()}
         if not changes:
             return self
         settings = TuneSettings.model_validate({**self.settings.model_dump(), **changes})

@@ -92,7 +92,11 @@ class StudyTracker:
                 parent_run_id=self.parent,
                 params=dict(values),
                 error=error,
-                tags={"kgpipe.trial": str(trial.number), "kgpipe.trial_state": "fail"},
+                tags={
+                    "kgpipe.trial": str(trial.number),
+                    "kgpipe.trial_state": "fail",
+                    "kgpipe.model": self.folder.base.model.name,
+                },
                 run_id=trial.user_attrs.get(PARENT),
             )
             trial.set_user_attr(PARENT, run_id)
