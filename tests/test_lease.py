@@ -220,13 +220,17 @@ def test_a_killed_writers_lease_is_taken_over_at_once_here_and_after_expiry_else
         if case == "another host":
             record = root / "k" / "lease" / "00000001.json"
             data = json.loads(record.read_text())
-            record.write_text(json.dumps({**data, "host": "elsewhere", "renewed": time.time()}))
+            # the record's own TTL (60 s, not the config's 5 s): the resume's start-up on busy
+            # cores (18.9 s once in CI) must not outlast a lease that is meant to be live
+            held = {**data, "host": "elsewhere", "renewed": time.time(), "ttl_s": 60.0}
+            record.write_text(json.dumps(held))
             early = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
             assert early.returncode == 2, early.stderr
             assert "another writer is using this run folder" in early.stderr
             assert "elsewhere" in early.stderr and "expires in" in early.stderr
             assert "Traceback" not in early.stderr
-            time.sleep(5)
+            # a minute later, never renewed: expired
+            record.write_text(json.dumps({**held, "renewed": time.time() - 61}))
         done = subprocess.run(resume, cwd=REPO, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, (case, done.stderr)
         checkpoints = CheckpointStore(Store(str(root / "k")))
