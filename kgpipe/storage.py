@@ -128,10 +128,10 @@ class Store:
         self, rel: str, produce: Callable[[str], None], *, size: int, checksum: bool = True
     ) -> tuple[str, int]:
         """Write the file that ``produce(path)`` writes at a local ``path``, whole or not at all,
-        and return its checksum (:func:`~kgpipe.checksums.file_checksum`; ``""`` without ``checksum``) and size, so that a large
-        file (a checkpoint) never sits in memory. Local:
-        a temporary file beside ``rel``, fsynced and renamed into place; an object store: a
-        temporary file in the system's temp folder, uploaded (in parts) with retries, removed.
+        and return its checksum (:func:`~kgpipe.checksums.file_checksum`; ``""`` without
+        ``checksum``) and size, so that a large file (a checkpoint) never sits in memory.
+        Local: a temporary file beside ``rel``, fsynced and renamed into place; an object store:
+        a temporary file in the system's temp folder, uploaded (in parts) with retries, removed.
         ``size``: the least bytes the file has (shorter is an error; full-disk messages say it)."""
         path = self.path(rel)
         parent = path.rsplit("/", 1)[0]
