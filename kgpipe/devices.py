@@ -10,6 +10,7 @@ from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
 
 __all__ = [
+    "device_memory",
     "native_bf16",
     "process_group_backend",
     "resolve_device",
@@ -59,6 +60,23 @@ def device_identity(setting: str, cluster: str | None) -> str | None:
         return None
     props = torch.cuda.get_device_properties(device)
     return f"{socket.gethostname()}/{getattr(props, 'uuid', device.index)}"
+
+
+def device_memory(setting: str, cluster: str | None) -> dict[str, int] | None:
+    """The GPU memory a rank started here could use, ``{"free": bytes, "total": bytes}``, or
+    ``None`` where it would train on the CPU (run on each worker before a gang launches: the
+    memory check counts what lives on the card against the card, not the worker's limit).
+    Memory torch's allocator holds in this process but no tensor uses (a previous gang's) is
+    counted as free: a rank started here reuses it."""
+    try:
+        device = resolve_device(setting, cluster=cluster)
+    except ConfigError:
+        return None  # the rank reports it itself, in one line
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return {"free": int(free), "total": int(total)}
 
 
 def shared_devices(identities: dict[str, str | None]) -> dict[str, list[str]]:

@@ -8,10 +8,12 @@ from pathlib import Path
 import pytest
 
 from kgpipe.config import parse_config
+from kgpipe.devices import device_memory
 from kgpipe.errors import ConfigError
 from kgpipe.launch.memory import (
     check_gang_memory,
     check_training_gang,
+    format_bytes,
     rank_memory,
     ranking_memory,
 )
@@ -212,3 +214,62 @@ def test_ids_past_int32_are_counted_as_int64() -> None:
     assert edge.triples == 10 * (3 * 4 + 4)  # ids up to 2**31 - 1: int32
     big = rank_memory(config, num_entities=2**31 + 1, num_relations=5, num_train=10, world=1)
     assert big.triples == 10 * (3 * 8 + 4)
+
+
+def test_a_rank_on_a_gpu_is_checked_against_its_card_and_the_rest_against_the_limit() -> None:
+    """On a GPU the tables, their optimiser state, the step's buffers, the scores of a
+    validation chunk and the training triples live on the card; the host keeps a commit's
+    copy, the staged triples and the filter index. A model past the worker's host limit that
+    fits the card is launched; one that does not fit the card is refused, naming the card."""
+    config = _config(
+        model={"name": "transe", "dim": 1000}, evaluation={"every": 1, "batch_size": 256},
+        distributed={"workers": 2},
+    )  # fmt: skip
+    sizes = {"num_entities": 100_000, "num_relations": 10, "num_train": 1000, "world": 2}
+    m = rank_memory(config, **sizes)
+    index = 2 * 4 * 8 * 1000  # the filter index: built from the staged triples, in host memory
+    assert m.validation_host == index
+    host, card = m.on_gpu()
+    assert (card.tables, card.optimizer, card.step, card.triples) == (
+        m.tables, m.optimizer, m.step, m.triples
+    )  # fmt: skip
+    assert (card.checkpoint, card.validation) == (0, m.validation - index)
+    assert (host.tables, host.optimizer, host.step) == (0, 0, 0)
+    assert host.checkpoint == m.tables + m.optimizer  # written from host memory
+    assert (host.triples, host.validation) == (m.triples, index)
+    foreground = config.model_copy(
+        update={"checkpoint": config.checkpoint.model_copy(update={"background": False})}
+    )
+    # a foreground commit copies the tables to host memory as well, on a GPU
+    assert rank_memory(foreground, **sizes).on_gpu()[0].checkpoint == host.checkpoint
+
+    def worker(limit: int, gpu: dict | None = None) -> dict[str, dict]:
+        info = {"memory_limit": limit, "metrics": {"memory": 300 * MIB}}
+        return {"tcp://w:1": {**info, "gpu": gpu} if gpu else info}
+
+    card_80 = {"free": 80 * 2**30, "total": 80 * 2**30}
+    with pytest.raises(ConfigError, match=r"memory limit is 3\.00 GiB"):  # all in host memory
+        check_gang_memory(config, worker(3 * 2**30), **sizes)
+    assert check_gang_memory(config, worker(3 * 2**30, card_80), **sizes).total == m.total
+    with pytest.raises(ConfigError) as err:  # the host's part alone passes 1 GiB
+        check_gang_memory(config, worker(2**30, card_80), **sizes)
+    assert f"needs about {format_bytes(host.total)} (checkpoint copy" in str(err.value)
+    small = {"free": 2 * 2**30, "total": 16 * 2**30}
+    with pytest.raises(ConfigError) as err:
+        check_gang_memory(config, worker(64 * 2**30, small), **sizes)
+    message = str(err.value)
+    assert "\n" not in message
+    for part in (f"needs about {format_bytes(card.total)} on its GPU", "tables 381.51 MiB",
+                 "tcp://w:1 has 2.00 GiB free of 16.00 GiB", "distributed.strategy: sharded"):  # fmt: skip
+        assert part in message, (part, message)
+    # a rank that ranks the test split reads its tables in host memory and moves them; the
+    # triples are the filter's, in host memory only
+    ranking = ranking_memory(config, **sizes)
+    r_host, r_card = ranking.on_gpu(training=False)
+    assert (r_host.checkpoint, r_card.tables, r_card.triples) == (ranking.tables,) * 2 + (0,)
+    assert r_host.triples == ranking.triples
+
+
+def test_a_worker_without_a_gpu_reports_no_card() -> None:
+    assert device_memory("cpu", None) is None
+    assert device_memory("auto", "local") is None  # a LocalCluster's ranks stay on the CPU

@@ -25,7 +25,7 @@ from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import GangError, launch_gang
 from kgpipe.errors import ConfigError, RunError
 from kgpipe.evaluation import ProgressFn
-from kgpipe.launch.memory import check_test_gang, check_training_gang
+from kgpipe.launch.memory import check_test_gang, check_training_gang, gang_workers
 from kgpipe.launch.rank import RankSpec, rank_main
 from kgpipe.launch.rank_test import rank_test
 from kgpipe.runs.callbacks import MetricsWriter
@@ -203,7 +203,7 @@ class DaskLauncher:
                 _check_devices(client, config)
             # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
             launched = check_training_gang(
-                config, client.scheduler_info(n_workers=-1)["workers"], segment=(start, until),
+                config, gang_workers(client, config), segment=(start, until),
                 world=world, num_entities=run.num_entities, num_relations=run.num_relations,
                 num_train=run.num_train, valid_candidates=run.candidate_shape("valid"),
             )  # fmt: skip
@@ -290,7 +290,7 @@ class DaskLauncher:
                 self._spec, queue=queue, world=world, start=chosen.epoch, until=chosen.epoch
             )
             try:  # as a training gang is checked: refused here, not killed mid-ranking
-                check_test_gang(run, client.scheduler_info(n_workers=-1)["workers"], world)
+                check_test_gang(run, gang_workers(client, config), world)
             except ConfigError as err:  # the driver ranks it, as when the gang fails
                 log_warning(f"ranking the test split in the driver: the gang would not fit: {err}")
                 return None

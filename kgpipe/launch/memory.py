@@ -27,6 +27,11 @@ the replicated strategy every rank holds:
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   the scores against every entity and their gradient (``2 b entities`` floats).
 
+Where a worker's ranks train on a GPU (:func:`gang_workers` asks each worker), the estimate is
+split (:meth:`RankMemory.on_gpu`): what lives on the card is checked against the card's free
+memory, what stays in host memory (a commit's copy, the staged triples, the filter index)
+against the worker's limit. Not yet checked on a GPU machine.
+
 Checked against measured worker peaks (``bench/memory.py``, docs/distributed.md): rank 0 of two
 peaked 3,194 MiB above its start on a 656k-entity TransE d=100 graph with Adam (estimate 3,151)
 and 2,168 MiB on a 216k-entity d=200 one (estimate 2,201).
@@ -38,6 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kgpipe.config import RunConfig
+from kgpipe.devices import device_memory
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.query_candidates import PAIRS
@@ -50,12 +56,16 @@ __all__ = [
     "check_gang_memory",
     "check_test_gang",
     "format_bytes",
+    "gang_workers",
     "rank_memory",
     "ranking_memory",
 ]
 
 #: Dask's nanny restarts a worker whose memory passes this share of its limit
 TERMINATE_FRACTION = 0.95
+#: the share of a GPU's free memory a rank's estimate may fill (the rest: the caching
+#: allocator's fragmentation, cuBLAS workspaces)
+CARD_FRACTION = 0.9
 _SLOTS = {"adam": 2, "adagrad": 1, "sgd": 0}
 
 
@@ -78,6 +88,9 @@ class RankMemory:
     triples: int
     step: int
     validation: int = 0
+    #: of ``validation``, what stays in host memory where the rank trains on a GPU: the filter
+    #: index (built from the staged triples) and the staged candidate ids
+    validation_host: int = 0
 
     @property
     def total(self) -> int:
@@ -97,6 +110,25 @@ class RankMemory:
             ("validation", self.validation),
         ]
         return ", ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
+
+    def on_gpu(self, *, training: bool = True) -> tuple[RankMemory, RankMemory]:
+        """``(host, card)``: where a rank that trains (``training``) or ranks on a GPU holds
+        each part. On the card: the tables, their optimiser state, the step's buffers, a
+        validation chunk's scores, and a training rank's triples and epoch order (moved there
+        whole). In host memory: a commit's copy of the tables and their state (a checkpoint
+        is written from host memory, in the foreground too; a rank that only ranks reads its
+        shards there first), the staged triples, the filter index and staged candidate ids."""
+        host = RankMemory(
+            tables=0, optimizer=0, checkpoint=self.tables + self.optimizer, averaging=0,
+            triples=self.triples, step=0, validation=self.validation_host,
+            validation_host=self.validation_host,
+        )  # fmt: skip
+        card = RankMemory(
+            tables=self.tables, optimizer=self.optimizer, checkpoint=0, averaging=self.averaging,
+            triples=self.triples if training else 0, step=self.step,
+            validation=self.validation - self.validation_host,
+        )  # fmt: skip
+        return host, card
 
 
 def rank_memory(
@@ -146,6 +178,11 @@ def rank_memory(
                 step += rows * (5 * m.dim + 32)
     else:  # scores against every entity, and their gradient
         step = 4 * 2 * batch * num_entities
+    validation, validation_host = (
+        _validation(config, num_entities, num_train, world, valid_candidates)
+        if validates
+        else (0, 0)
+    )
     return RankMemory(
         tables=tables,
         optimizer=optimizer,
@@ -156,11 +193,8 @@ def rank_memory(
         averaging=averaging,
         triples=triples,
         step=step,
-        validation=(
-            _validation(config, num_entities, num_train, world, valid_candidates)
-            if validates
-            else 0
-        ),
+        validation=validation,
+        validation_host=validation_host,
     )
 
 
@@ -170,8 +204,8 @@ def _validation(
     num_train: int,
     world: int,
     files: tuple[int, int] | None = None,
-) -> int:
-    """The filter index (4 int64 per known triple, twice that while it is built) and a chunk's
+) -> tuple[int, int]:
+    """The bytes, and of them those in host memory (see :meth:`RankMemory.on_gpu`): the filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
     range of entities when a gang splits full ranking, else all of them); with per-query
     candidates, each query's scores and about five int64 tensors per (query, candidate) pair
@@ -186,15 +220,11 @@ def _validation(
             0 if files is None else 2 * files[0] * files[1] * (4 if num_entities < 2**31 else 8)
         )
         pairs = min(PAIRS, ev.batch_size * (1 + k))
-        return (
-            index
-            + staged
-            + (4 + 1 + 8 * 5) * ev.batch_size * (1 + k)
-            + (3 * 4 * 2 * config.model.dim * pairs)
-        )
+        scoring = (4 + 1 + 8 * 5) * ev.batch_size * (1 + k) + 3 * 4 * 2 * config.model.dim * pairs
+        return index + staged + scoring, index + staged
     split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
     candidates = -(-num_entities // world) if split else num_entities
-    return index + (4 + 1) * ev.batch_size * candidates
+    return index + (4 + 1) * ev.batch_size * candidates, index
 
 
 def ranking_memory(
@@ -216,6 +246,9 @@ def ranking_memory(
     )  # fmt: skip
     ids = 4 if max(num_entities, num_relations) <= 2**31 else 8
     sharded = config.distributed.strategy == "sharded" and world > 1
+    validation, validation_host = _validation(
+        config, num_entities, num_train, world, test_candidates
+    )
     return RankMemory(
         tables=m.tables,
         optimizer=0,
@@ -223,8 +256,19 @@ def ranking_memory(
         averaging=0,
         triples=num_train * 3 * ids,
         step=12 * num_entities if sharded else 0,
-        validation=_validation(config, num_entities, num_train, world, test_candidates),
+        validation=validation,
+        validation_host=validation_host,
     )
+
+
+def gang_workers(client: Any, config: RunConfig) -> dict[str, dict[str, Any]]:
+    """The workers as :func:`check_gang_memory` takes them: the scheduler's view (each one's
+    memory limit and use), with ``gpu`` -- ``{"free", "total"}`` bytes of its card -- where a
+    rank there would train on a GPU (asked of each worker, as ``training.device`` resolves
+    there)."""
+    workers: dict[str, dict[str, Any]] = client.scheduler_info(n_workers=-1)["workers"]
+    cards = client.run(device_memory, config.training.device, config.distributed.cluster)
+    return {a: {**w, "gpu": cards[a]} if cards.get(a) else w for a, w in workers.items()}
 
 
 def check_training_gang(
@@ -272,9 +316,12 @@ def check_gang_memory(
     """Refuse to launch when one rank would not fit a worker's memory limit.
 
     ``workers``: Dask's ``scheduler_info()["workers"]`` (each with ``memory_limit``, 0 for none,
-    and ``metrics.memory``, its resident bytes now). ``need``: the estimate of another gang
+    and ``metrics.memory``, its resident bytes now), with ``gpu`` where the ranks train on a
+    GPU (:func:`gang_workers`): the card then holds the tables, checked against its free
+    memory, and the limit is checked against the host's part only. ``need``: the estimate of another gang
     than a training one (:func:`ranking_memory`; the sizes are then not used). Returns the
     estimate."""
+    training = need is None
     if need is None:
         need = rank_memory(
             config,
@@ -284,26 +331,47 @@ def check_gang_memory(
             world=world,
             valid_candidates=valid_candidates,
         )
-    short = []
+    sharded = config.distributed.strategy == "sharded" and world > 1
+    short: list[tuple[str, int, int, RankMemory]] = []
+    short_card: list[tuple[str, dict[str, int], RankMemory]] = []
     for address, info in workers.items():
+        gpu: dict[str, int] | None = info.get("gpu")  # its ranks train on this card
+        host, card = need.on_gpu(training=training) if gpu else (need, None)
+        if gpu and card is not None and card.total > int(gpu["free"] * CARD_FRACTION):
+            short_card.append((address, gpu, card))
         limit = int(info.get("memory_limit") or 0)
         if not limit:
             continue
         now = int((info.get("metrics") or {}).get("memory") or 0)
         usable = int(limit * TERMINATE_FRACTION)
-        if now + need.total > usable:
-            short.append((address, limit, now))
-    if short:
-        address, limit, now = min(short, key=lambda s: s[1] - s[2])
+        if now + host.total > usable:
+            short.append((address, limit, now, host))
+    if short_card:
+        address, gpu, card = min(short_card, key=lambda s: s[1]["free"])
         raise ConfigError(
-            f"one rank needs about {format_bytes(need.total)} ({need.describe()}) on top of the "
+            f"one rank needs about {format_bytes(card.total)} on its GPU ({card.describe()}), "
+            f"but the GPU of worker {address} has {format_bytes(gpu['free'])} free of "
+            f"{format_bytes(gpu['total'])} ({len(short_card)} of {len(workers)} worker(s) "
+            "short): "
+            + (
+                "each rank holds its shards of the entity table -- add workers (one per GPU) "
+                "or use a smaller model.dim"
+                if sharded
+                else "every rank holds the whole model under the replicated strategy -- use "
+                "distributed.strategy: sharded or a smaller model.dim"
+            )
+        )
+    if short:
+        address, limit, now, host = min(short, key=lambda s: s[1] - s[2])
+        raise ConfigError(
+            f"one rank needs about {format_bytes(host.total)} ({host.describe()}) on top of the "
             f"{format_bytes(now)} its worker holds already, but the worker's memory limit is "
             f"{format_bytes(limit)} (Dask restarts a worker past {TERMINATE_FRACTION:.0%} of it; "
             f"{len(short)} of {len(workers)} worker(s), e.g. {address}): "
             + (
                 "each rank holds its shards of the entity table -- raise "
                 "distributed.memory_limit, add workers, or use a smaller model.dim"
-                if config.distributed.strategy == "sharded" and world > 1
+                if sharded
                 else "every rank holds the whole model under the replicated strategy -- use "
                 "distributed.strategy: sharded, raise distributed.memory_limit, or use a "
                 "smaller model.dim"
