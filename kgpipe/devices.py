@@ -47,16 +47,23 @@ def resolve_device(setting: str, *, cluster: str | None = None) -> torch.device:
     return torch.device("cpu")
 
 
+def _rank_gpu(setting: str, cluster: str | None) -> torch.device | None:
+    """The GPU a rank started here would train on; None for the CPU, or where the setting
+    cannot be met (the rank reports that itself, in one line)."""
+    try:
+        device = resolve_device(setting, cluster=cluster)
+    except ConfigError:
+        return None
+    return device if device.type == "cuda" else None
+
+
 def device_identity(setting: str, cluster: str | None) -> str | None:
     """Which physical device a rank started here would train on: ``host/GPU uuid``, or ``None``
     for the CPU (run on each worker before a gang launches: NCCL refuses two ranks on one GPU)."""
     import socket
 
-    try:
-        device = resolve_device(setting, cluster=cluster)
-    except ConfigError:
-        return None  # the rank reports it itself, in one line
-    if device.type != "cuda":
+    device = _rank_gpu(setting, cluster)
+    if device is None:
         return None
     props = torch.cuda.get_device_properties(device)
     return f"{socket.gethostname()}/{getattr(props, 'uuid', device.index)}"
@@ -68,11 +75,8 @@ def device_memory(setting: str, cluster: str | None) -> dict[str, int] | None:
     memory check counts what lives on the card against the card, not the worker's limit).
     Memory torch's allocator holds in this process but no tensor uses (a previous gang's) is
     counted as free: a rank started here reuses it."""
-    try:
-        device = resolve_device(setting, cluster=cluster)
-    except ConfigError:
-        return None  # the rank reports it itself, in one line
-    if device.type != "cuda":
+    device = _rank_gpu(setting, cluster)
+    if device is None:
         return None
     free, total = torch.cuda.mem_get_info(device)
     free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
