@@ -205,7 +205,8 @@ def _validation(
     world: int,
     files: tuple[int, int] | None = None,
 ) -> tuple[int, int]:
-    """The bytes, and of them those in host memory (see :meth:`RankMemory.on_gpu`): the filter index (4 int64 per known triple, twice that while it is built) and a chunk's
+    """The bytes, and of them those in host memory (see :meth:`RankMemory.on_gpu`): the
+    filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
     range of entities when a gang splits full ranking, else all of them); with per-query
     candidates, each query's scores and about five int64 tensors per (query, candidate) pair
@@ -318,9 +319,9 @@ def check_gang_memory(
     ``workers``: Dask's ``scheduler_info()["workers"]`` (each with ``memory_limit``, 0 for none,
     and ``metrics.memory``, its resident bytes now), with ``gpu`` where the ranks train on a
     GPU (:func:`gang_workers`): the card then holds the tables, checked against its free
-    memory, and the limit is checked against the host's part only. ``need``: the estimate of another gang
-    than a training one (:func:`ranking_memory`; the sizes are then not used). Returns the
-    estimate."""
+    memory, and the limit is checked against the host's part only. ``need``: the estimate of
+    another gang than a training one (:func:`ranking_memory`; the sizes are then not used).
+    Returns the estimate."""
     training = need is None
     if need is None:
         need = rank_memory(
@@ -351,8 +352,8 @@ def check_gang_memory(
         raise ConfigError(
             f"one rank needs about {format_bytes(card.total)} on its GPU ({card.describe()}), "
             f"but the GPU of worker {address} has {format_bytes(gpu['free'])} free of "
-            f"{format_bytes(gpu['total'])} ({len(short_card)} of {len(workers)} worker(s) "
-            "short): "
+            f"{format_bytes(gpu['total'])} (a rank may fill {CARD_FRACTION:.0%} of it; "
+            f"{len(short_card)} of {len(workers)} worker(s) short): "
             + (
                 "each rank holds its shards of the entity table -- add workers (one per GPU) "
                 "or use a smaller model.dim"
