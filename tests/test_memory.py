@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from distributed import Client, LocalCluster
 
 from kgpipe.config import parse_config
 from kgpipe.devices import device_memory
@@ -14,6 +15,7 @@ from kgpipe.launch.memory import (
     check_gang_memory,
     check_training_gang,
     format_bytes,
+    gang_workers,
     rank_memory,
     ranking_memory,
 )
@@ -234,7 +236,7 @@ def test_a_rank_on_a_gpu_is_checked_against_its_card_and_the_rest_against_the_li
         m.tables, m.optimizer, m.step, m.triples
     )  # fmt: skip
     assert (card.checkpoint, card.validation) == (0, m.validation - index)
-    assert (host.tables, host.optimizer, host.step) == (0, 0, 0)
+    assert (host.tables, host.optimizer, host.step) == (m.tables, 0, 0)  # built, then moved
     assert host.checkpoint == m.tables + m.optimizer  # written from host memory
     assert (host.triples, host.validation) == (m.triples, index)
     foreground = config.model_copy(
@@ -253,7 +255,9 @@ def test_a_rank_on_a_gpu_is_checked_against_its_card_and_the_rest_against_the_li
     assert check_gang_memory(config, worker(3 * 2**30, card_80), **sizes).total == m.total
     with pytest.raises(ConfigError) as err:  # the host's part alone passes 1 GiB
         check_gang_memory(config, worker(2**30, card_80), **sizes)
-    assert f"needs about {format_bytes(host.total)} (checkpoint copy" in str(err.value)
+    assert f"needs about {format_bytes(host.total)} (tables 381.51 MiB, checkpoint" in str(
+        err.value
+    )
     small = {"free": 2 * 2**30, "total": 16 * 2**30}
     with pytest.raises(ConfigError) as err:
         check_gang_memory(config, worker(64 * 2**30, small), **sizes)
@@ -267,6 +271,12 @@ def test_a_rank_on_a_gpu_is_checked_against_its_card_and_the_rest_against_the_li
     )
     for part in parts:
         assert part in message, (part, message)
+    # a rank may fill 90 % of the card's free memory, not all of it
+    edge = -(-card.total * 10 // 9) + 10
+    assert check_gang_memory(config, worker(64 * 2**30, {"free": edge, "total": edge}), **sizes)
+    with pytest.raises(ConfigError, match="may fill 90% of it"):
+        near = int(card.total / 0.9 * 0.99)
+        check_gang_memory(config, worker(64 * 2**30, {"free": near, "total": edge}), **sizes)
     # a rank that ranks the test split reads its tables in host memory and moves them; the
     # triples are the filter's, in host memory only
     ranking = ranking_memory(config, **sizes)
@@ -278,3 +288,12 @@ def test_a_rank_on_a_gpu_is_checked_against_its_card_and_the_rest_against_the_li
 def test_a_worker_without_a_gpu_reports_no_card() -> None:
     assert device_memory("cpu", None) is None
     assert device_memory("auto", "local") is None  # a LocalCluster's ranks stay on the CPU
+    config = _config(model={"name": "transe", "dim": 10})
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                     host="127.0.0.1") as cluster,
+        Client(cluster) as client,
+    ):  # fmt: skip
+        workers = gang_workers(client, config)
+        assert list(workers) == list(client.scheduler_info()["workers"])
+        assert all("gpu" not in w and "memory_limit" in w for w in workers.values())

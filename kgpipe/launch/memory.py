@@ -115,11 +115,12 @@ class RankMemory:
         """``(host, card)``: where a rank that trains (``training``) or ranks on a GPU holds
         each part. On the card: the tables, their optimiser state, the step's buffers, a
         validation chunk's scores, and a training rank's triples and epoch order (moved there
-        whole). In host memory: a commit's copy of the tables and their state (a checkpoint
-        is written from host memory, in the foreground too; a rank that only ranks reads its
-        shards there first), the staged triples, the filter index and staged candidate ids."""
+        whole). In host memory: the tables as the model is built (or a checkpoint read into
+        it) before it moves to the card, a commit's copy of the tables and their state (a
+        checkpoint is written from host memory, in the foreground too; a resume reads it there
+        first), the staged triples, the filter index and staged candidate ids."""
         host = RankMemory(
-            tables=0, optimizer=0, checkpoint=self.tables + self.optimizer, averaging=0,
+            tables=self.tables, optimizer=0, checkpoint=self.tables + self.optimizer, averaging=0,
             triples=self.triples, step=0, validation=self.validation_host,
             validation_host=self.validation_host,
         )  # fmt: skip
@@ -268,8 +269,16 @@ def gang_workers(client: Any, config: RunConfig) -> dict[str, dict[str, Any]]:
     rank there would train on a GPU (asked of each worker, as ``training.device`` resolves
     there)."""
     workers: dict[str, dict[str, Any]] = client.scheduler_info(n_workers=-1)["workers"]
-    cards = client.run(device_memory, config.training.device, config.distributed.cluster)
-    return {a: {**w, "gpu": cards[a]} if cards.get(a) else w for a, w in workers.items()}
+    # a worker lost meanwhile answers with its error: no card to count; the gang's launch
+    # then fails and is retried as after any lost worker
+    cards = client.run(
+        device_memory, config.training.device, config.distributed.cluster,
+        workers=list(workers), on_error="return",
+    )  # fmt: skip
+    return {
+        a: {**w, "gpu": cards[a]} if isinstance(cards.get(a), dict) else w
+        for a, w in workers.items()
+    }
 
 
 def check_training_gang(
