@@ -12,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kgpipe.cli.output import Terminated
-from kgpipe.cli.signals import signal_of
+from kgpipe.cli.signals import Terminated, signal_of
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from kgpipe.cli.ls import REGISTRIES
+from kgpipe.cli.ls import registries
 from kgpipe.data.formats import FORMATS, ParseOptions
 from kgpipe.data.formats.delimited import Csv, Tsv
 from kgpipe.data.formats.ntriples import NTriples
@@ -541,7 +541,7 @@ def uncovered() -> list[str]:
     covered = {(c.registry.family, c.cls) for c in _cases()}
     return [
         f"{reg.family} {name!r} ({reg.get(name).__name__})"
-        for _, reg in REGISTRIES
+        for _, reg in registries()
         for name in reg
         if (reg.family, reg.get(name)) not in covered
     ]

@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-from rich.console import Console
+if TYPE_CHECKING:
+    from rich.console import Console
 
-from kgpipe.config import RunConfig, config_to_yaml, load_config
-from kgpipe.config.keys import Key, config_keys
+    from kgpipe.config.keys import Key
 
 NAME = "config"
 HELP = "list every config key with its default and meaning, or check and resolve a config file"
@@ -40,6 +39,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _value(default: Any) -> str:
+    import yaml
+
     return (
         yaml.safe_dump(default, default_flow_style=True, width=10_000).strip().removesuffix("\n...")
     )
@@ -85,6 +86,9 @@ def _commented_yaml(keys: list[Key]) -> str:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from kgpipe.config import RunConfig, config_to_yaml, load_config
+    from kgpipe.config.keys import config_keys
+
     if args.schema:
         print(json.dumps(RunConfig.model_json_schema(), indent=2))
         return 0

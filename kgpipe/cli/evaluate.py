@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Literal
-
-from rich.console import Console
+from typing import TYPE_CHECKING, Literal
 
 from kgpipe.cli.arguments import CHECKPOINT_HELP, checkpoint, positive_int, storage_errors, url
-from kgpipe.cli.output import EvalProgress, print_metrics, ranking_word
-from kgpipe.process import ThreadGovernor, configure
-from kgpipe.runs.read import evaluate_run
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 NAME = "evaluate"
 HELP = "filtered link-prediction metrics of a trained run"
@@ -45,6 +43,10 @@ def _candidates(text: str) -> int | Literal["all"]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from kgpipe.cli.output import EvalProgress, print_metrics, ranking_word
+    from kgpipe.process import ThreadGovernor, configure
+    from kgpipe.runs.read import evaluate_run
+
     configure(threads=None)
     governor = ThreadGovernor().start()
     bar = None if args.json else EvalProgress(console, f"{args.split} ranking")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from kgpipe.cli.arguments import CHECKPOINT_HELP, checkpoint, storage_errors, url
-from kgpipe.export import export_embeddings
-from kgpipe.runs.read import load_run
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 NAME = "export"
 HELP = "export embeddings"
@@ -22,6 +22,9 @@ def add_arguments(x: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from kgpipe.export import export_embeddings
+    from kgpipe.runs.read import load_run
+
     with storage_errors(args.run, "read the run"):
         loaded = load_run(args.run, checkpoint=args.checkpoint)
     if loaded.checkpoint is not None:

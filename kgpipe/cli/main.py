@@ -9,8 +9,7 @@ import threading
 from collections.abc import Sequence
 from types import ModuleType
 
-from kgpipe.cli.output import Terminated
-from kgpipe.cli.signals import resend_swallowed_signals
+from kgpipe.cli.signals import Terminated, resend_swallowed_signals
 from kgpipe.errors import KgpipeError
 
 __all__ = ["build_parser", "main"]

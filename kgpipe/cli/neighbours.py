@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from kgpipe.cli.arguments import PREFIX_HELP, positive_int, prefix, storage_errors, url
-from kgpipe.runs.neighbours import MEASURES, nearest_entities
-from kgpipe.runs.read import load_run
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 NAME = "neighbours"
 HELP = "the entities nearest to an entity in embedding space"
@@ -28,7 +27,7 @@ def add_arguments(n: argparse.ArgumentParser) -> None:
     n.add_argument("run", type=url, help="run folder URL")
     n.add_argument("--entity", required=True, help="entity label (forms: see --prefix)")
     n.add_argument("--top", type=positive_int, default=10, help="neighbours shown (default 10)")
-    n.add_argument("--metric", choices=MEASURES, default="cosine", help=METRIC_HELP)
+    n.add_argument("--metric", choices=("cosine", "model"), default="cosine", help=METRIC_HELP)
     n.add_argument(
         "--prefix", type=prefix, action="append", default=[], metavar="NAME=NS", help=PREFIX_HELP
     )
@@ -36,6 +35,11 @@ def add_arguments(n: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from rich.table import Table
+
+    from kgpipe.runs.neighbours import nearest_entities
+    from kgpipe.runs.read import load_run
+
     with storage_errors(args.run, "read the run"):
         loaded = load_run(args.run)
     vocab = loaded.vocab

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
-from kgpipe.training.hooks import Callback
+
+if TYPE_CHECKING:
+    from kgpipe.config import RunConfig
+    from kgpipe.training.hooks import Callback
 
 __all__ = ["GROUP", "NONE", "Orchestrator", "load_orchestrator", "orchestrator_names"]
 

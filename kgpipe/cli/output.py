@@ -19,7 +19,7 @@ from rich.table import Table
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
-__all__ = ["EvalProgress", "Terminated", "TrainProgress", "print_metrics"]
+__all__ = ["EvalProgress", "TrainProgress", "print_metrics", "ranking_word"]
 
 
 class TrainProgress(Callback):
@@ -153,8 +153,3 @@ def print_metrics(console: Console, results: dict[str, Any], title: str) -> None
 def ranking_word(results: dict[str, Any]) -> str:
     """How the metrics were ranked, for a title: ``filtered`` or ``unfiltered``."""
     return "filtered" if results.get("protocol", {}).get("filter", True) else "unfiltered"
-
-
-class Terminated(BaseException):
-    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` run
-    (the run folder's lease is released, the Dask cluster and the Prefect server stopped)."""

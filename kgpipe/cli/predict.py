@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-
-import torch
-from rich.console import Console
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from kgpipe.cli.arguments import PREFIX_HELP, positive_int, prefix, storage_errors, url
-from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import KgpipeError
-from kgpipe.export import load_model
-from kgpipe.export_shards import ShardedEmbeddings
-from kgpipe.runs.folder import EMBEDDINGS, VOCAB
-from kgpipe.runs.read import known_triples, open_run
+
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
 
 NAME = "predict"
 HELP = "top-scored tails (--head) or heads (--tail)"
@@ -40,6 +36,15 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    import torch
+    from rich.table import Table
+
+    from kgpipe.data.vocab import Vocabulary
+    from kgpipe.export import load_model
+    from kgpipe.export_shards import ShardedEmbeddings
+    from kgpipe.runs.folder import EMBEDDINGS, VOCAB
+    from kgpipe.runs.read import known_triples, open_run
+
     if (args.head is None) == (args.tail is None):
         raise KgpipeError(
             "give exactly one of --head (to predict tails) or --tail (to predict heads)"

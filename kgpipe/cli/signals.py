@@ -32,12 +32,15 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from kgpipe.cli.output import Terminated
-
-__all__ = ["resend_swallowed_signals", "signal_of"]
+__all__ = ["Terminated", "resend_swallowed_signals", "signal_of"]
 
 RESEND_AFTER_S = 0.05  # time for the main thread to leave the code that swallowed it
 QUIET_RESENDS = 3  # swallowed this often: print the reports too (something keeps swallowing)
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the main thread is, so that ``with`` blocks and ``finally`` run
+    (the run folder's lease is released, the Dask cluster and the Prefect server stopped)."""
 
 
 def signal_of(exc: BaseException | None) -> int | None:

@@ -6,20 +6,14 @@ from __future__ import annotations
 import argparse
 import math
 import time
-
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from typing import TYPE_CHECKING
 
 from kgpipe.cli.arguments import non_negative_int, positive_int, storage_errors, url
-from kgpipe.data.synth import OUTPUT_FORMATS, SynthResult, SynthSpec, write_synth
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kgpipe.data.synth import SynthResult
 
 NAME = "synth"
 HELP = "generate a synthetic graph with planted structure (train/valid/test files) for scale tests"
@@ -69,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of validation edges (0: no file); default: 0.01")  # fmt: skip
     p.add_argument("--test", type=split_fraction, default=0.01, metavar="F",
                    help="fraction of test edges (0: no file); default: 0.01")  # fmt: skip
-    p.add_argument("--format", choices=tuple(OUTPUT_FORMATS), default="tsv")
+    p.add_argument("--format", choices=("tsv", "parquet"), default="tsv")
     p.add_argument("--chunk-edges", type=positive_int, default=1 << 20, metavar="C",
                    help="edges generated and written at a time (memory); the output does not "
                    "depend on it; default: 1048576")  # fmt: skip
@@ -93,6 +87,18 @@ def training_lines(result: SynthResult) -> list[str]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from kgpipe.data.synth import SynthSpec, write_synth
+
     spec = SynthSpec(
         entities=args.entities,
         relations=args.relations,

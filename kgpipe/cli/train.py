@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import argparse
 import time
-
-from rich.console import Console
+from typing import TYPE_CHECKING
 
 from kgpipe.cli.orchestrators import NONE, load_orchestrator
-from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
-from kgpipe.config import load_config
 from kgpipe.errors import ConfigError
-from kgpipe.pipeline import train
-from kgpipe.training.hooks import Callback
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from kgpipe.training.hooks import Callback
 
 NAME = "train"
 HELP = "train a model and write a run folder"
@@ -65,6 +65,11 @@ def _orchestrator(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    # imported here, not above: `kgpipe --help` and a bad config's error do not wait for torch
+    from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
+    from kgpipe.config import load_config
+    from kgpipe.pipeline import train
+
     config = load_config(args.config, args.set or [])
     progress = None if args.quiet else TrainProgress(console)
     callbacks: list[Callback] = [] if progress is None else [progress]

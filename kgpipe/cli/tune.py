@@ -320,7 +320,7 @@ def _resume_hint(folder: StudyFolder) -> str:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from kgpipe.cli.output import Terminated
+    from kgpipe.cli.signals import Terminated
     from kgpipe.tune import run_and_summarize
 
     resumed = args.resume is not None

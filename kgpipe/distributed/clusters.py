@@ -17,7 +17,6 @@ from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 from kgpipe.errors import ConfigError
-from kgpipe.process import available_cores, thread_environ
 from kgpipe.registry import Registry
 
 __all__ = [
@@ -40,6 +39,8 @@ def is_address(value: str) -> bool:
 
 def worker_threads(workers: int, threads_per_worker: int | None, cores: int | None = None) -> int:
     """torch threads per worker so that the machine is not oversubscribed."""
+    from kgpipe.process import available_cores  # here: the config module reads this file
+
     if threads_per_worker:
         return threads_per_worker
     return max(1, (cores or available_cores()) // workers)
@@ -52,6 +53,8 @@ def worker_environ(threads: int) -> dict[str, str]:
     OS on nearly every free and slows training steps several times over (docs/distributed.md);
     we leave malloc alone and give OpenMP/BLAS the worker's share of the cores.
     """
+    from kgpipe.process import thread_environ  # imports torch: not when a config is read
+
     return thread_environ(threads)
 
 
