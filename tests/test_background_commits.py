@@ -4,7 +4,10 @@ background commit's error surfaces, and that a close bounded by a timeout never 
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
+import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -101,3 +104,63 @@ def test_close_with_a_timeout_does_not_wait_for_a_stuck_commit() -> None:
     with pytest.raises(TimeoutError):
         commits.close(0.2)  # a peer that never answers: the failure path gives up
     commit.release.set()  # (the thread ends on its own)
+
+
+def test_check_raises_a_failed_commit_without_waiting_for_a_running_one() -> None:
+    commit = Recorder(hold=True, fail_at=1)
+    commits = BackgroundCommits(commit, background=True, name="t-ckpt")
+    assert commits.check() is None  # nothing in flight
+    commits.submit(_state(1), None)
+    assert commit.started.wait(10)
+    assert commits.check() is None  # still running: not waited for
+    commit.release.set()
+    deadline = time.monotonic() + 10
+    with pytest.raises(OSError, match="disk full at epoch 1"):
+        while time.monotonic() < deadline:
+            commits.check()
+            time.sleep(0.01)
+    assert commits.check() is None  # raised once
+    ok = BackgroundCommits(Recorder(), background=True, name="t-ckpt")
+    ok.submit(_state(2), None)
+    while ok.check() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ok.wait() is None  # its result was taken by check
+    commits.close()
+    ok.close()
+
+
+class _FailingStore:
+    """Checkpoint storage whose writes fail (an object store that went away)."""
+
+    def save(self, state: TrainState, meta: dict[str, Any]) -> None:
+        raise OSError(f"the store is gone (epoch {state.epoch})")
+
+    def prune(self) -> None:
+        pass
+
+
+def test_a_failed_background_upload_stops_training_at_the_next_epochs_end() -> None:
+    """Before, a failed upload surfaced only at the next commit, ``checkpoint.every`` epochs
+    later: that many epochs were trained for nothing (the relaunch resumes from the last
+    commit). Now the epoch after it ends with its error."""
+    from kgpipe.runs.callbacks import CheckpointCallback
+    from kgpipe.training.records import EpochStats
+
+    def stats(epoch: int) -> EpochStats:
+        return EpochStats(epoch=epoch, loss=0.0, triples=1, seconds=1.0, lr=0.1, steps=1)
+
+    callback = CheckpointCallback(
+        _FailingStore(),  # type: ignore[arg-type]
+        lambda history: _state(history[-1].epoch),
+        every=5,
+        until=20,
+        meta={},
+    )
+    trainer = SimpleNamespace(history=[])
+    callback.on_epoch_end(trainer, stats(5))  # type: ignore[arg-type]  # uploads in the background
+    pending = callback.writer._pending
+    assert pending is not None
+    concurrent.futures.wait([pending], timeout=10)
+    with pytest.raises(OSError, match=r"the store is gone \(epoch 5\)"):
+        callback.on_epoch_end(trainer, stats(6))  # type: ignore[arg-type]
+    callback.on_train_end(trainer)  # type: ignore[arg-type]  # raised once

@@ -148,6 +148,7 @@ class CheckpointCallback(Callback):
         self.writer = CheckpointWriter(checkpoints, background=background)
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        self.writer.check()  # a failed upload ends the segment now
         if stats.epoch % self.every and stats.epoch != self.until:
             return
         meta = {**self.meta, "valid_mrr": stats.extra.get("valid_mrr")}
@@ -168,8 +169,9 @@ class BackgroundCommits(Generic[T]):
 
     :meth:`submit` copies the state and returns at once (background) or commits it (``wait``,
     or without a thread). A second submit waits for the first commit, so at most one copy is
-    held. A background commit's error is raised by the next :meth:`submit`, :meth:`wait` or
-    :meth:`close`.
+    held. A background commit's error is raised by the next :meth:`check` (called at every
+    epoch's end: a failed upload stops training at the next epoch, not at the next commit
+    ``checkpoint.every`` epochs later), :meth:`submit`, :meth:`wait` or :meth:`close`.
     """
 
     def __init__(
@@ -185,6 +187,13 @@ class BackgroundCommits(Generic[T]):
         if self._pool is None or wait:
             return self.commit(state, extra)
         self._pending = self._pool.submit(self.commit, state.snapshot(), extra)
+        return None
+
+    def check(self) -> T | None:
+        """Raise the error of a commit that has failed, without waiting for one still
+        running; returns the result of one that has finished (None: none has)."""
+        if self._pending is not None and self._pending.done():
+            return self.wait()
         return None
 
     def wait(self, timeout: float | None = None) -> T | None:

@@ -80,6 +80,7 @@ class ShardedCommit(Callback):
         self._own = exchange.own.cpu()  # once: not a device sync in the commit's thread
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        self._done(self._commits.check())  # a failed upload ends the segment now
         if stats.epoch % self.every and stats.epoch != self.until:
             return
         # one commit in flight (its failure stops every rank here); the segment's last one is
