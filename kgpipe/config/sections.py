@@ -202,7 +202,7 @@ class DataConfig(Frozen):
         description=(
             "Memory staging may use for a split's ids before deduplication and for "
             "deduplicating them, and for the text mapped at a time (Dask's notation: `2GiB`); "
-            "the blocks read are then at most 1/64 of it. "
+            "the blocks read are then at most 1/256 of it (at least 1MiB). "
             "A split that would need more has its ids written to `spill_dir` as they are read "
             "and deduplicated from there, a group of heads at a time (a split under it stays in "
             "memory). Beyond it staging holds the labels, the distinct triples (24 bytes each), "

@@ -34,9 +34,10 @@ from kgpipe.storage import RetryPolicy
 
 __all__ = ["Parsed", "Source", "read_splits", "sources"]
 
-#: under ``data.memory_budget`` a block is at most this fraction of it (at 100M lines the blocks
-#: in flight took ~3 GB at 64 MiB, ~1 GB at 8 MiB: docs/benchmarks.md)
-_BLOCKS_IN_BUDGET = 64
+#: under ``data.memory_budget`` a block is at most this fraction of it: pyarrow's reader holds
+#: dozens of blocks in flight (at 100M lines ~3 GB at 64 MiB, ~1 GB at 8 MiB; at 10M lines the
+#: reading alone held ~0.3 GB at 8 MiB, ~0.1 GB at 2 MiB: docs/benchmarks.md)
+_BLOCKS_IN_BUDGET = 256
 _log = logging.getLogger("kgpipe.data")
 _MIN_BLOCK = 1 << 20
 
