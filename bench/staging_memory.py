@@ -88,6 +88,8 @@ def main() -> None:
     p.add_argument("--budget-only", action="store_true", help="only the runs with --budget")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.budget_only and not args.budget:
+        p.error("--budget-only needs --budget")
     graph = Path(args.graph or f"/tmp/kgpipe-staging-{args.edges}")
     synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
     trees = code_trees(args.before, ROOT)

@@ -122,9 +122,11 @@ def test_check_raises_a_failed_commit_without_waiting_for_a_running_one() -> Non
     assert commits.check() is None  # raised once
     ok = BackgroundCommits(Recorder(), background=True, name="t-ckpt")
     ok.submit(_state(2), None)
-    while ok.check() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert ok.wait() is None  # its result was taken by check
+    pending = ok._pending
+    assert pending is not None
+    concurrent.futures.wait([pending], timeout=10)
+    assert ok.check() == 2  # a finished commit's result
+    assert ok.wait() is None  # taken by check
     commits.close()
     ok.close()
 
@@ -157,10 +159,13 @@ def test_a_failed_background_upload_stops_training_at_the_next_epochs_end() -> N
         meta={},
     )
     trainer = SimpleNamespace(history=[])
-    callback.on_epoch_end(trainer, stats(5))  # type: ignore[arg-type]  # uploads in the background
-    pending = callback.writer._pending
-    assert pending is not None
-    concurrent.futures.wait([pending], timeout=10)
-    with pytest.raises(OSError, match=r"the store is gone \(epoch 5\)"):
-        callback.on_epoch_end(trainer, stats(6))  # type: ignore[arg-type]
-    callback.on_train_end(trainer)  # type: ignore[arg-type]  # raised once
+    try:
+        callback.on_epoch_end(trainer, stats(5))  # type: ignore[arg-type]  # in the background
+        pending = callback.writer._pending
+        assert pending is not None
+        concurrent.futures.wait([pending], timeout=10)
+        with pytest.raises(OSError, match=r"the store is gone \(epoch 5\)"):
+            callback.on_epoch_end(trainer, stats(6))  # type: ignore[arg-type]
+        callback.on_train_end(trainer)  # type: ignore[arg-type]  # raised once
+    finally:
+        callback.close(10)

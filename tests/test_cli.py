@@ -375,7 +375,7 @@ def test_local_prefect_defaults_are_patient_and_keep_user_settings(
 def test_the_parser_imports_no_heavy_library() -> None:
     """`kgpipe --help` and a usage error answer at once: building the parser (every
     subcommand's arguments) imports neither torch nor Dask; a subcommand imports them when it
-    runs. (Before, `kgpipe --help` took 5 s here, 2.2 s of it importing torch.)"""
+    runs. (Before, `kgpipe --help` took about 4-5 s here, 2.2 s of it importing torch.)"""
     heavy = ("torch", "distributed", "dask", "pyarrow", "numpy", "pydantic", "optuna", "prefect")
     code = (
         "import sys; from kgpipe.cli.main import build_parser; build_parser(); "

@@ -159,3 +159,20 @@ def test_other_formats_and_options_use_the_line_parser(
 def test_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
         DataConfig(train="x.tsv", block_size="1KiB")
+
+
+def test_blocks_under_a_budget_are_a_256th_of_it() -> None:
+    """pyarrow's reader holds dozens of blocks in flight: under a budget a block is at most
+    1/256 of it, not below 1 MiB, and never above ``block_size``."""
+
+    def block(**kw: str) -> int:
+        return DataConfig(train="x.tsv", **kw).read_block_bytes
+
+    mib = 1 << 20
+    assert block() == 8 * mib  # no budget: block_size (default 8 MiB)
+    assert block(block_size="64MiB") == 64 * mib
+    assert block(memory_budget="256MiB") == 1 * mib
+    assert block(memory_budget="512MiB") == 2 * mib
+    assert block(memory_budget="64MiB") == 1 * mib  # the floor
+    assert block(memory_budget="1GiB", block_size="1MiB") == 1 * mib  # block_size caps it
+    assert block(memory_budget="8GiB") == 8 * mib  # 1/256 is 32 MiB: block_size caps it

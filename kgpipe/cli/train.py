@@ -65,7 +65,7 @@ def _orchestrator(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    # imported here, not above: `kgpipe --help` and a bad config's error do not wait for torch
+    # imported here, not above: `kgpipe --help` and usage errors do not wait for torch
     from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
     from kgpipe.config import load_config
     from kgpipe.pipeline import train

@@ -202,7 +202,7 @@ class DataConfig(Frozen):
         description=(
             "Memory staging may use for a split's ids before deduplication and for "
             "deduplicating them, and for the text mapped at a time (Dask's notation: `2GiB`); "
-            "the blocks read are then at most 1/256 of it (at least 1MiB). "
+            "the blocks read are then at most 1/256 of it (not below 1MiB nor above `block_size`). "
             "A split that would need more has its ids written to `spill_dir` as they are read "
             "and deduplicated from there, a group of heads at a time (a split under it stays in "
             "memory). Beyond it staging holds the labels, the distinct triples (24 bytes each), "
@@ -245,6 +245,17 @@ class DataConfig(Frozen):
     def block_size_bytes(self) -> int:
         """``block_size`` in bytes."""
         return byte_size(self.block_size)
+
+    @property
+    def read_block_bytes(self) -> int:
+        """The block the columnar reader reads: ``block_size``, and under ``memory_budget`` at
+        most 1/256 of the budget, not below 1 MiB. pyarrow's reader holds dozens of blocks in
+        flight: at 10M lines reading alone held ~0.3 GB with 8-MiB blocks, ~0.1 GB with 2 MiB
+        (at 100M, ~3 GB with 64 MiB; docs/benchmarks.md)."""
+        budget = self.memory_budget_bytes
+        if budget is None:
+            return self.block_size_bytes
+        return min(self.block_size_bytes, max(1 << 20, budget // 256))
 
     @field_serializer("storage_options", when_used="json")
     def _hide_secrets(self, value: dict[str, Any]) -> Any:

@@ -34,12 +34,7 @@ from kgpipe.storage import RetryPolicy
 
 __all__ = ["Parsed", "Source", "read_splits", "sources"]
 
-#: under ``data.memory_budget`` a block is at most this fraction of it: pyarrow's reader holds
-#: dozens of blocks in flight (at 100M lines ~3 GB at 64 MiB, ~1 GB at 8 MiB; at 10M lines the
-#: reading alone held ~0.3 GB at 8 MiB, ~0.1 GB at 2 MiB: docs/benchmarks.md)
-_BLOCKS_IN_BUDGET = 256
 _log = logging.getLogger("kgpipe.data")
-_MIN_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -130,9 +125,7 @@ def _check_benchmark(src: Source, digest: str) -> None:
 
 
 def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
-    block = cfg.block_size_bytes
-    if cfg.memory_budget_bytes is not None:  # pyarrow reads ahead: many blocks are in flight
-        block = min(block, max(_MIN_BLOCK, cfg.memory_budget_bytes // _BLOCKS_IN_BUDGET))
+    block = cfg.read_block_bytes
     scans: dict[str, FileScan] = {}
     by_split = {src.split: src for src in srcs}
     for src in srcs:

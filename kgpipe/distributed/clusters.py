@@ -39,7 +39,7 @@ def is_address(value: str) -> bool:
 
 def worker_threads(workers: int, threads_per_worker: int | None, cores: int | None = None) -> int:
     """torch threads per worker so that the machine is not oversubscribed."""
-    from kgpipe.process import available_cores  # here: the config module reads this file
+    from kgpipe.process import available_cores  # here: the config imports this module
 
     if threads_per_worker:
         return threads_per_worker

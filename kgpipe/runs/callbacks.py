@@ -169,9 +169,10 @@ class BackgroundCommits(Generic[T]):
 
     :meth:`submit` copies the state and returns at once (background) or commits it (``wait``,
     or without a thread). A second submit waits for the first commit, so at most one copy is
-    held. A background commit's error is raised by the next :meth:`check` (called at every
-    epoch's end: a failed upload stops training at the next epoch, not at the next commit
-    ``checkpoint.every`` epochs later), :meth:`submit`, :meth:`wait` or :meth:`close`.
+    held. A background commit's error is raised by the next :meth:`check` (a single writer
+    calls it at every epoch's end: a failed upload stops training at the next epoch, not at
+    the next commit ``checkpoint.every`` epochs later), :meth:`submit`, :meth:`wait` or
+    :meth:`close`.
     """
 
     def __init__(

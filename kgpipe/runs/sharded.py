@@ -80,7 +80,9 @@ class ShardedCommit(Callback):
         self._own = exchange.own.cpu()  # once: not a device sync in the commit's thread
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
-        self._done(self._commits.check())  # a failed upload ends the segment now
+        # no check() of a commit in flight here: each rank would see its own commit end at a
+        # different time, and ranks that stop at different epochs fail the gang with the echo
+        # of a broken collective instead of the commit's error; at the next commit all raise it
         if stats.epoch % self.every and stats.epoch != self.until:
             return
         # one commit in flight (its failure stops every rank here); the segment's last one is
