@@ -248,10 +248,11 @@ class DataConfig(Frozen):
 
     @property
     def read_block_bytes(self) -> int:
-        """The block the columnar reader reads: ``block_size``, and under ``memory_budget`` at
-        most 1/256 of the budget, not below 1 MiB. pyarrow's reader holds dozens of blocks in
-        flight: at 10M lines reading alone held ~0.3 GB with 8-MiB blocks, ~0.1 GB with 2 MiB
-        (at 100M, ~3 GB with 64 MiB; docs/benchmarks.md)."""
+        """The block the columnar reader reads: ``block_size``, and under ``memory_budget``
+        1/256 of the budget where that is smaller, though not below 1 MiB (nor ever above
+        ``block_size``). pyarrow's reader holds dozens of blocks in flight: at 10M lines
+        reading alone held ~0.3 GB with 8-MiB blocks, ~0.1 GB with 2 MiB (at 100M, ~3 GB with
+        64 MiB; docs/benchmarks.md)."""
         budget = self.memory_budget_bytes
         if budget is None:
             return self.block_size_bytes
