@@ -480,10 +480,11 @@ def test_killed_training_process_resumes_from_the_last_commit(
     # After it: equal, or (seen in 2 of 2 full-suite CI runs of session 44, 0 of 4 runs alone)
     # equal to float32 rounding only: resumed from epoch 12, epoch 13's loss differed in the
     # 7th digit and the gap stayed there to epoch 30 -- a summation order, not lost state (a
-    # lost optimiser state or RNG moves the loss in the 2nd-3rd digit). Suspected: kernels
-    # whose reduction order depends on a buffer's alignment (MKL without CBWR), which a
-    # process that loaded its tables from a file does not share with one that trained them.
-    # Not fixed; the other recovery tests (the Dask gang's) still compare bit for bit.
+    # lost optimiser state or RNG moves the loss in the 2nd-3rd digit). Suspected once: kernels
+    # whose reduction order depends on a buffer's alignment (MKL without CBWR); but in session
+    # 47, matmul, sum and bmm gave the same bits at 16 alignments, with MKL_CBWR unset,
+    # COMPATIBLE or AUTO,STRICT, on this CPU. Cause unknown, not fixed; the other recovery
+    # tests (the Dask gang's) still compare bit for bit.
     why = f"killed after commit {done[-1]}"
     for e in straight:
         assert killed[e] == pytest.approx(straight[e], rel=1e-5), (why, e)
