@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from kgpipe.config import parse_config
 from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import QUIET_WORKER_CONFIG, cluster_kwargs, worker_threads
+from kgpipe.distributed.gang import live_workers, pick_workers
 from kgpipe.errors import RunError
 from kgpipe.pipeline import train
 from kgpipe.training.hooks import Callback, NotInViewError, TrainerView
@@ -156,11 +157,30 @@ def test_memory_limit_reaches_the_workers_dask_starts() -> None:
     assert cluster_kwargs(2, 1000)["memory_limit"] == 1000
     assert "memory_limit" not in cluster_kwargs(2)  # Dask's default
     with open_run_cluster(config) as client:
-        limits = [w["memory_limit"] for w in client.scheduler_info()["workers"].values()]
+        limits = [w["memory_limit"] for w in live_workers(client).values()]
     assert limits == [3 * 2**29] * 2
     for bad in ("lots", "-1GB", "0"):
         with pytest.raises(ConfigError, match=r"distributed\.memory_limit"):
             parse_config({**BASE, "distributed": {"workers": 2, "memory_limit": bad}})
+
+
+def test_the_workers_are_asked_of_the_scheduler_not_read_from_a_racing_cache() -> None:
+    """``Client.scheduler_info()`` returns a cache that the client's periodic refresh replaces
+    with an answer listing no worker; a CI run read it mid-refresh and launched a gang of 0
+    ranks. With the refresh every millisecond, every read here must still see both workers."""
+    import dask
+
+    from kgpipe.errors import KgpipeError
+
+    with (
+        dask.config.set({"distributed.client.scheduler-info-interval": "1ms"}),
+        open_cluster("local", workers=2, threads_per_worker=1) as client,
+    ):
+        for _ in range(200):
+            assert len(live_workers(client)) == 2
+            assert len(pick_workers(client, 2)) == 2
+        with pytest.raises(KgpipeError, match="at least one worker"):
+            pick_workers(client, 0)
 
 
 def _worker_pids() -> list[int]:

@@ -10,6 +10,7 @@ from distributed import Client, LocalCluster
 
 from kgpipe.config import parse_config
 from kgpipe.devices import device_memory
+from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import ConfigError
 from kgpipe.launch.memory import (
     check_gang_memory,
@@ -295,5 +296,5 @@ def test_a_worker_without_a_gpu_reports_no_card() -> None:
         Client(cluster) as client,
     ):  # fmt: skip
         workers = gang_workers(client, config)
-        assert list(workers) == list(client.scheduler_info()["workers"])
+        assert list(workers) == list(live_workers(client))
         assert all("gpu" not in w and "memory_limit" in w for w in workers.values())

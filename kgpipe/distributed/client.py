@@ -15,6 +15,7 @@ from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
+from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import KgpipeError
 from kgpipe.process import configure, thread_environ
 
@@ -126,7 +127,7 @@ def open_cluster(
         try:
             client.wait_for_workers(workers, timeout=120)
         except TimeoutError:
-            have = len(client.scheduler_info()["workers"])
+            have = len(live_workers(client))
             raise KgpipeError(
                 f"the Dask cluster has {have} workers, distributed.workers asks for {workers}"
             ) from None

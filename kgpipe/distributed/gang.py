@@ -23,7 +23,7 @@ from kgpipe.training.hooks import NotInViewError
 
 log = logging.getLogger("kgpipe.distributed")
 
-__all__ = ["GangError", "free_port", "launch_gang", "pick_workers"]
+__all__ = ["GangError", "free_port", "launch_gang", "live_workers", "pick_workers"]
 
 
 class GangError(KgpipeError):
@@ -50,7 +50,7 @@ def _on_worker(client: Client, fn: Callable[[], Any], addr: str, timeout_s: floa
             return future.result(timeout=1)
         except TimeoutError:
             pass
-        gone = addr not in client.scheduler_info(n_workers=-1)["workers"]
+        gone = addr not in live_workers(client)
         if gone or time.monotonic() > deadline:
             future.cancel()
             raise GangError(
@@ -67,9 +67,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def live_workers(client: Client) -> dict[str, dict[str, Any]]:
+    """The scheduler's workers (address -> info), asked of the scheduler now.
+
+    Not ``client.scheduler_info()``: that returns the client's cache, which its periodic refresh
+    (every 2 s) replaces with an answer listing no worker, so a read racing the refresh sees an
+    empty cluster (a CI run launched a gang of 0 ranks; 152 of 500 reads with a 1-ms refresh).
+    """
+    try:
+        info = client.sync(client.scheduler.identity, n_workers=-1)
+    except OSError as err:
+        raise KgpipeError(f"lost the Dask scheduler {client.scheduler.address}: {err}") from None
+    return dict(info["workers"])
+
+
 def pick_workers(client: Client, n: int) -> list[str]:
     """``n`` worker addresses, in a stable order."""
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])
+    workers = sorted(live_workers(client))
+    if n < 1:
+        raise KgpipeError(f"a gang needs at least one worker, not {n}")
     if len(workers) < n:
         raise KgpipeError(f"the Dask cluster has {len(workers)} workers, the gang needs {n}")
     return workers[:n]
@@ -147,7 +163,7 @@ def launch_gang(
             if all(f.status == "finished" for f in futures):
                 _drain(events, on_event)
                 return [f.result() for f in futures]
-            alive = set(client.scheduler_info(n_workers=-1)["workers"])
+            alive = set(live_workers(client))
             for rank, addr in enumerate(workers):
                 if addr in alive or futures[rank].status == "finished":
                     missing.discard(rank)
@@ -168,7 +184,7 @@ def _dead_rank(client: Client, workers: list[str], poll_s: float) -> int | None:
     """The rank whose worker left the cluster (checked twice, a poll apart), if any."""
     for _ in range(2):
         time.sleep(poll_s)
-        alive = set(client.scheduler_info(n_workers=-1)["workers"])
+        alive = set(live_workers(client))
         for rank, addr in enumerate(workers):
             if addr not in alive:
                 return rank

@@ -22,7 +22,7 @@ from kgpipe.config import RunConfig
 from kgpipe.devices import device_identity, shared_devices
 from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
-from kgpipe.distributed.gang import GangError, launch_gang
+from kgpipe.distributed.gang import GangError, launch_gang, live_workers
 from kgpipe.errors import ConfigError, RunError
 from kgpipe.evaluation import ProgressFn
 from kgpipe.launch.memory import check_test_gang, check_training_gang, gang_workers
@@ -129,7 +129,7 @@ class GangView(ViewBase):
 
 
 def _alive(client: Client) -> int:
-    return len(client.scheduler_info(n_workers=-1)["workers"])
+    return len(live_workers(client))
 
 
 class DaskLauncher:

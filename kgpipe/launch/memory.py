@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from kgpipe.config import RunConfig
 from kgpipe.devices import device_memory
+from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.query_candidates import PAIRS
@@ -264,11 +265,10 @@ def ranking_memory(
 
 
 def gang_workers(client: Any, config: RunConfig) -> dict[str, dict[str, Any]]:
-    """The workers as :func:`check_gang_memory` takes them: the scheduler's view (each one's
-    memory limit and use), with ``gpu`` -- ``{"free", "total"}`` bytes of its card -- where a
-    rank there would train on a GPU (asked of each worker, as ``training.device`` resolves
-    there)."""
-    workers: dict[str, dict[str, Any]] = client.scheduler_info(n_workers=-1)["workers"]
+    """The workers as :func:`check_gang_memory` takes them: the scheduler's view (memory limit
+    and use), with ``gpu`` -- ``{"free", "total"}`` bytes of its card -- where a rank there
+    would train on a GPU (asked of each worker, as ``training.device`` resolves there)."""
+    workers = live_workers(client)
     # a worker lost meanwhile answers with its error: no card to count; the gang's launch
     # then fails and is retried as after any lost worker
     cards = client.run(
