@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(BIN)/kgpipe train -c configs/umls-complex.yaml --set distributed.workers=2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=30
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow"
