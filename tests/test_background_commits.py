@@ -131,6 +131,30 @@ def test_check_raises_a_failed_commit_without_waiting_for_a_running_one() -> Non
     ok.close()
 
 
+def test_failed_tells_without_waiting_or_raising_and_keeps_the_error_for_wait() -> None:
+    """What a sharded rank asks each epoch before the ranks agree to stop: ``failed()`` says
+    whether the commit in flight has ended with an error; the error stays for ``wait()``."""
+    commit = Recorder(hold=True, fail_at=1)
+    commits = BackgroundCommits(commit, background=True, name="t-ckpt")
+    assert not commits.in_flight and not commits.failed()
+    commits.submit(_state(1), None)
+    assert commit.started.wait(10)
+    assert commits.in_flight and not commits.failed()  # still running
+    commit.release.set()
+    deadline = time.monotonic() + 10
+    while not commits.failed() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert commits.failed() and commits.in_flight  # not taken by asking
+    with pytest.raises(OSError, match="disk full at epoch 1"):
+        commits.wait()
+    assert not commits.in_flight and not commits.failed()
+    ok = BackgroundCommits(Recorder(), background=True, name="t-ckpt")
+    ok.submit(_state(2), None)
+    assert ok.wait(10) == 2 and not ok.failed()
+    commits.close()
+    ok.close()
+
+
 class _FailingStore:
     """Checkpoint storage whose writes fail (an object store that went away)."""
 

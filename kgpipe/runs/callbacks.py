@@ -197,6 +197,16 @@ class BackgroundCommits(Generic[T]):
             return self.wait()
         return None
 
+    @property
+    def in_flight(self) -> bool:
+        """Whether a background commit was submitted and its outcome not yet taken."""
+        return self._pending is not None
+
+    def failed(self) -> bool:
+        """Whether the commit in flight has ended with an error (without waiting for it)."""
+        pending = self._pending
+        return pending is not None and pending.done() and pending.exception() is not None
+
     def wait(self, timeout: float | None = None) -> T | None:
         """Block until the commit in flight is done (at most ``timeout``: then
         ``TimeoutError``); returns its result, raises its error (None: none was in flight)."""

@@ -17,9 +17,10 @@ rank copies its shards' rows and optimiser state (rank 0 the replicated part too
 epoch's end, and the thread writes them and runs the commit's collectives in the commit's own
 process group, which the training thread uses only once that thread is done (so the two
 threads' collectives never interleave in one group). One commit is in flight at a time: the
-next commit, and the end of training, wait for it, and raise its failure on every rank at that
-same point (every rank hears rank 0's outcome), so the gang fails as one and is relaunched from
-the last commit.
+next commit, and the end of training, wait for it. Its failure is raised on every rank at the
+end of the first epoch by which some rank has seen it (the ranks agree on it with one small
+collective per epoch while a commit is in flight; every rank hears rank 0's outcome), so the
+gang fails as one and is relaunched from the last commit.
 Without it, without a process group of its own, and at the segment's end (where the gang stops
 and waits for its last commit anyway) the files are written from the live tables between two
 steps. Either way the ranks wait for the slowest writer in the commit's group,
@@ -80,9 +81,7 @@ class ShardedCommit(Callback):
         self._own = exchange.own.cpu()  # once: not a device sync in the commit's thread
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
-        # no check() of a commit in flight here: each rank would see its own commit end at a
-        # different time, and ranks that stop at different epochs fail the gang with the echo
-        # of a broken collective instead of the commit's error; at the next commit all raise it
+        self._stop_together()
         if stats.epoch % self.every and stats.epoch != self.until:
             return
         # one commit in flight (its failure stops every rank here); the segment's last one is
@@ -92,6 +91,18 @@ class ShardedCommit(Callback):
 
     def on_train_end(self, trainer: TrainerView) -> None:
         self._done(self._commits.wait())
+
+    def _stop_together(self) -> None:
+        """A background commit that failed stops every rank at this same epoch's end, not at
+        the next commit ``checkpoint.every`` epochs later. Each rank sees its own commit thread
+        end at a different time, so they agree first (a max over the training's group, only
+        while a commit is in flight: the same epochs on every rank); ranks that stopped at
+        different epochs would fail the gang with a broken collective's echo instead of the
+        commit's error. Every rank's thread ends with the same error (rank 0's outcome)."""
+        if not self._commits.in_flight:
+            return
+        if self.exchange.comm.max_int(int(self._commits.failed())):
+            self._done(self._commits.wait())  # raises it (after this rank's thread has ended)
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for the commit in flight (its collectives need this rank's part), raise its
