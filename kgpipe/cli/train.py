@@ -65,12 +65,16 @@ def _orchestrator(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    # imported here, not above: `kgpipe --help` and usage errors do not wait for torch
-    from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
+    # imported here, not above: `kgpipe --help` and usage errors do not wait for torch; and
+    # the config is read before the pipeline (Dask, pyarrow, ...) is imported, so that a
+    # config error does not wait for those either
     from kgpipe.config import load_config
-    from kgpipe.pipeline import train
 
     config = load_config(args.config, args.set or [])
+
+    from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
+    from kgpipe.pipeline import train
+
     progress = None if args.quiet else TrainProgress(console)
     callbacks: list[Callback] = [] if progress is None else [progress]
     log = None if args.quiet else console.log
