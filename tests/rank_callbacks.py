@@ -123,6 +123,19 @@ class SlowShardWrites(Callback):
             self._original = None
 
 
+class PauseAt(Callback):
+    """Every rank sleeps ``seconds`` when epoch ``epoch`` starts (so that a background commit
+    of the epoch before has surely ended by that epoch's end)."""
+
+    def __init__(self, *, epoch: int, seconds: float) -> None:
+        self.epoch = epoch
+        self.seconds = seconds
+
+    def on_epoch_start(self, trainer: TrainerView, epoch: int) -> None:
+        if epoch == self.epoch:
+            time.sleep(self.seconds)
+
+
 class FailShardWrite(Callback):
     """On rank ``rank``, the checkpoint file write of epoch ``epoch`` raises ``StorageFull`` (a
     full store): patched into the rank's process at the start, restored at the end."""

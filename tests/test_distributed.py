@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from kgpipe.config import parse_config
 from kgpipe.distributed.client import open_cluster
 from kgpipe.distributed.clusters import QUIET_WORKER_CONFIG, cluster_kwargs, worker_threads
-from kgpipe.distributed.gang import live_workers, pick_workers
+from kgpipe.distributed.gang import GangError, live_workers, pick_workers
 from kgpipe.errors import RunError
 from kgpipe.pipeline import train
 from kgpipe.training.hooks import Callback, NotInViewError, TrainerView
@@ -181,6 +181,9 @@ def test_the_workers_are_asked_of_the_scheduler_not_read_from_a_racing_cache() -
             assert len(pick_workers(client, 2)) == 2
         with pytest.raises(KgpipeError, match="at least one worker"):
             pick_workers(client, 0)
+        with pytest.raises(GangError, match="has 2 workers, the gang needs 3") as err:
+            pick_workers(client, 3)  # one left after the gang was sized: relaunched
+        assert err.value.retryable
 
 
 def _worker_pids() -> list[int]:

@@ -50,7 +50,8 @@ def _on_worker(client: Client, fn: Callable[[], Any], addr: str, timeout_s: floa
             return future.result(timeout=1)
         except TimeoutError:
             pass
-        gone = addr not in live_workers(client)
+        alive = _polled(client)
+        gone = alive is not None and addr not in alive
         if gone or time.monotonic() > deadline:
             future.cancel()
             raise GangError(
@@ -81,13 +82,28 @@ def live_workers(client: Client) -> dict[str, dict[str, Any]]:
     return dict(info["workers"])
 
 
+def _polled(client: Client) -> set[str] | None:
+    """The live workers' addresses for a poll of the gang, None when the scheduler did not
+    answer this time (the poll is skipped: a rank's own failure, or the next poll, tells)."""
+    try:
+        return set(live_workers(client))
+    except KgpipeError as err:
+        log.debug("a poll of the gang's workers: %s", err)
+        return None
+
+
 def pick_workers(client: Client, n: int) -> list[str]:
-    """``n`` worker addresses, in a stable order."""
-    workers = sorted(live_workers(client))
+    """``n`` worker addresses, in a stable order; a retryable :class:`GangError` when fewer
+    are alive (one left since the gang was sized: it is relaunched on those alive then)."""
     if n < 1:
         raise KgpipeError(f"a gang needs at least one worker, not {n}")
+    workers = sorted(live_workers(client))
     if len(workers) < n:
-        raise KgpipeError(f"the Dask cluster has {len(workers)} workers, the gang needs {n}")
+        raise GangError(
+            f"the Dask cluster has {len(workers)} workers, the gang needs {n}",
+            rank=len(workers),
+            worker="",
+        )
     return workers[:n]
 
 
@@ -163,7 +179,9 @@ def launch_gang(
             if all(f.status == "finished" for f in futures):
                 _drain(events, on_event)
                 return [f.result() for f in futures]
-            alive = set(live_workers(client))
+            alive = _polled(client)
+            if alive is None:
+                continue
             for rank, addr in enumerate(workers):
                 if addr in alive or futures[rank].status == "finished":
                     missing.discard(rank)
@@ -184,9 +202,9 @@ def _dead_rank(client: Client, workers: list[str], poll_s: float) -> int | None:
     """The rank whose worker left the cluster (checked twice, a poll apart), if any."""
     for _ in range(2):
         time.sleep(poll_s)
-        alive = set(live_workers(client))
+        alive = _polled(client)
         for rank, addr in enumerate(workers):
-            if addr not in alive:
+            if alive is not None and addr not in alive:
                 return rank
     return None
 

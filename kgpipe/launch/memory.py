@@ -325,8 +325,8 @@ def check_gang_memory(
 ) -> RankMemory:
     """Refuse to launch when one rank would not fit a worker's memory limit.
 
-    ``workers``: Dask's ``scheduler_info()["workers"]`` (each with ``memory_limit``, 0 for none,
-    and ``metrics.memory``, its resident bytes now), with ``gpu`` where the ranks train on a
+    ``workers``: the scheduler's workers (each with ``memory_limit``, 0 for none, and
+    ``metrics.memory``, its resident bytes now), with ``gpu`` where the ranks train on a
     GPU (:func:`gang_workers`): the card then holds the tables, checked against its free
     memory, and the limit is checked against the host's part only. ``need``: the estimate of
     another gang than a training one (:func:`ranking_memory`; the sizes are then not used).

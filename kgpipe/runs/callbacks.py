@@ -199,7 +199,8 @@ class BackgroundCommits(Generic[T]):
 
     @property
     def in_flight(self) -> bool:
-        """Whether a background commit was submitted and its outcome not yet taken."""
+        """Whether a background commit was submitted and its outcome not yet taken (true
+        after it ended, until :meth:`check`, :meth:`submit`, :meth:`wait` or :meth:`close`)."""
         return self._pending is not None
 
     def failed(self) -> bool:

@@ -19,8 +19,8 @@ process group, which the training thread uses only once that thread is done (so 
 threads' collectives never interleave in one group). One commit is in flight at a time: the
 next commit, and the end of training, wait for it. Its failure is raised on every rank at the
 end of the first epoch by which some rank has seen it (the ranks agree on it with one small
-collective per epoch while a commit is in flight; every rank hears rank 0's outcome), so the
-gang fails as one and is relaunched from the last commit.
+collective per epoch, once a background commit was submitted; every rank hears rank 0's
+outcome), so the gang fails as one and is relaunched from the last commit.
 Without it, without a process group of its own, and at the segment's end (where the gang stops
 and waits for its last commit anyway) the files are written from the live tables between two
 steps. Either way the ranks wait for the slowest writer in the commit's group,
@@ -95,14 +95,26 @@ class ShardedCommit(Callback):
     def _stop_together(self) -> None:
         """A background commit that failed stops every rank at this same epoch's end, not at
         the next commit ``checkpoint.every`` epochs later. Each rank sees its own commit thread
-        end at a different time, so they agree first (a max over the training's group, only
-        while a commit is in flight: the same epochs on every rank); ranks that stopped at
-        different epochs would fail the gang with a broken collective's echo instead of the
-        commit's error. Every rank's thread ends with the same error (rank 0's outcome)."""
+        end at a different time, so they agree first: a max of one integer over the training's
+        group at every epoch's end once a background commit was submitted (``in_flight`` stays
+        true until the next submit takes the outcome, at the same epochs on every rank; it must
+        not be cleared by one rank alone, or the ranks would disagree on this collective).
+        Ranks that stopped at different epochs would fail the gang with a broken collective's
+        echo instead of the commit's error."""
         if not self._commits.in_flight:
             return
-        if self.exchange.comm.max_int(int(self._commits.failed())):
-            self._done(self._commits.wait())  # raises it (after this rank's thread has ended)
+        comm = self.exchange.comm
+        # not the next epoch's traffic: that epoch's stats were taken already
+        counters = (comm.seconds, comm.calls)
+        try:
+            failed = comm.max_int(int(self._commits.failed()))
+        finally:
+            comm.seconds, comm.calls = counters
+        if failed:
+            # every rank's thread ends with rank 0's outcome, so this raises it; a rank whose
+            # own commit ended well (a collective of the commit broke elsewhere) stops too
+            self._done(self._commits.wait())
+            raise CheckpointError("a background commit failed on another rank of the gang")
 
     def close(self, timeout: float | None = None) -> None:
         """Wait for the commit in flight (its collectives need this rank's part), raise its
