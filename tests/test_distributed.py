@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -184,6 +185,27 @@ def test_the_workers_are_asked_of_the_scheduler_not_read_from_a_racing_cache() -
         with pytest.raises(GangError, match="has 2 workers, the gang needs 3") as err:
             pick_workers(client, 3)  # one left after the gang was sized: relaunched
         assert err.value.retryable
+
+
+def test_a_scheduler_that_does_not_answer_skips_a_poll_and_is_named_elsewhere() -> None:
+    """A poll of the gang's workers that the scheduler does not answer is skipped (no rank is
+    declared dead for it); a read outside the polls fails naming the scheduler."""
+    from kgpipe.distributed import gang
+    from kgpipe.errors import KgpipeError
+
+    class _Unreachable:  # a client whose scheduler connection is closed
+        class scheduler:  # the attribute Client has: an rpc to the scheduler
+            address = "tcp://127.0.0.1:1"
+            identity = None
+
+        def sync(self, *args: object, **kwargs: object) -> object:
+            raise OSError("connection closed")
+
+    client: Any = _Unreachable()
+    assert gang._polled(client) is None
+    assert gang._dead_rank(client, ["tcp://127.0.0.1:2"], poll_s=0.0) is None
+    with pytest.raises(KgpipeError, match=r"lost the Dask scheduler tcp://127\.0\.0\.1:1"):
+        live_workers(client)
 
 
 def _worker_pids() -> list[int]:

@@ -510,9 +510,9 @@ class TestLocal(ClusterCase):
 
     def test_starts_workers_on_loopback(self) -> None:
         with open_cluster("local", workers=1, threads_per_worker=1) as client:
-            info = {"workers": live_workers(client)}
-            assert len(info["workers"]) == 1
-            assert all(a.startswith("tcp://127.0.0.1:") for a in info["workers"])
+            workers = live_workers(client)
+            assert len(workers) == 1
+            assert all(a.startswith("tcp://127.0.0.1:") for a in workers)
             assert client.submit(lambda: 6 * 7).result() == 42
 
 
