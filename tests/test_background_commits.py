@@ -193,3 +193,50 @@ def test_a_failed_background_upload_stops_training_at_the_next_epochs_end() -> N
         callback.on_train_end(trainer)  # type: ignore[arg-type]  # raised once
     finally:
         callback.close(10)
+
+
+def test_the_sharded_ranks_agreement_does_not_count_in_the_next_epochs_collective_stats(
+    tmp_path: Any,
+) -> None:
+    """ShardedCommit's per-epoch max over the group (has a rank's commit thread failed?) is a
+    real collective, but the epoch it runs after has had its stats taken and the next epoch's
+    ``comm_seconds`` and ``collectives`` must be that epoch's own: the counters it adds are
+    taken back (a one-rank gloo group in this process; the gang's tests run two)."""
+    import torch.distributed as dist
+
+    from kgpipe.distributed.comm import Comm
+    from kgpipe.runs.sharded import ShardedCommit
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        comm = Comm(world_size=1)
+        exchange = SimpleNamespace(comm=comm, own=torch.arange(4), rank=0)
+        sharded = ShardedCommit(
+            None,  # type: ignore[arg-type]  # no commit reaches the store here
+            lambda history: _state(),
+            exchange,  # type: ignore[arg-type]
+            every=5,
+            until=20,
+            meta={},
+        )
+        commit = Recorder(hold=True)
+        sharded._commits = BackgroundCommits(commit, background=True, name="t-shards")
+        sharded._commits.submit(_state(5), None)  # a commit in flight: the agreement runs
+        comm.seconds, comm.calls = 0.25, 3  # the next epoch's traffic so far
+        calls: list[int] = []
+        real = comm.max_int
+
+        def counted(value: int) -> int:
+            calls.append(value)
+            return real(value)
+
+        comm.max_int = counted  # type: ignore[method-assign]
+        sharded._stop_together()
+        assert calls == [0]  # it ran, over the group, and no thread had failed
+        assert (comm.seconds, comm.calls) == (0.25, 3)
+        assert real(0) == 0 and comm.calls == 4  # a max that is not the agreement counts
+        commit.release.set()
+        sharded.close(10)
+    finally:
+        dist.destroy_process_group()
