@@ -79,6 +79,7 @@ WELL_KNOWN_PREFIXES: Mapping[str, str] = {
 _SEPARATORS = "/#:"
 _PREFIXED = re.compile(r"([A-Za-z][\w.-]*):([^/#:]+)")
 _SHOWN = 3
+_LISTED = 12  # an unknown label with no close one lists a vocabulary this small
 
 
 def local_name(label: str) -> str:
@@ -111,7 +112,13 @@ def _closest(text: str, labels: Sequence[str]) -> list[str]:
 
 def _unknown(kind: str, label: str, labels: Sequence[str], also: str = "") -> KgpipeError:
     close = _closest(label, labels)
-    hint = f"; did you mean {_quoted(close)}?" if close else ""
+    if close:
+        hint = f"; did you mean {_quoted(close)}?"
+    elif 0 < len(labels) <= _LISTED:  # nothing close, and few to choose from: all of them
+        kinds = "entities" if kind == "entity" else f"{kind}s"
+        hint = f"; the graph's {kinds} are {_quoted(list(labels), conj='and')}"
+    else:
+        hint = ""
     return KgpipeError(f"unknown {kind} {label!r}{also}{hint}")
 
 
