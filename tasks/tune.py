@@ -31,6 +31,7 @@ from kgpipe.tune import (
     TuneSettings,
     open_study_folder,
     prepare_study,
+    search_base,
 )
 from kgpipe.tune.folder import STUDY
 from kgpipe.tune.results import summarize, trial_rows
@@ -65,10 +66,14 @@ def open_or_prepare_study(
     path = Path(settings.root) / settings.name if settings.name else None
     if path is None or not (path / STUDY).exists():
         folder = prepare_study(base, space, settings)
-        logger.info("new study %s (%d trial(s) in all)", folder.path, settings.trials or 0)
+        logger.info(
+            "new study %s (%d trial(s) in all; trials of %d epochs validated every %d)",
+            folder.path, settings.trials or 0, folder.base.training.epochs,
+            folder.base.evaluation.every,
+        )  # fmt: skip
         return folder
     folder = open_study_folder(path)
-    if folder.base.model_dump(mode="json") != base.model_dump(mode="json"):
+    if folder.base.model_dump(mode="json") != search_base(base).model_dump(mode="json"):
         logger.warning("%s resumes with the base config it was created with, not this run's", path)
     if space is not None and folder.space.raw != space.raw:
         logger.warning("%s resumes with the search space it was created with, not this run's", path)

@@ -118,7 +118,10 @@ def test_resume_with_more_trials_runs_only_the_difference(
     shutil.copytree(folder, copy)
     code, _, err = run_cli(["tune", "--resume", str(copy), "--trials", "4"], capsys)
     assert code == 0, err
-    assert f"resuming study {copy}: 4 trials on 1 worker, 2 parameters; so far 3 complete" in err
+    assert (
+        f"resuming study {copy}: 4 trials on 1 worker, 2 parameters, trials of 4 epochs "
+        "validated every 2 epochs; so far 3 complete"
+    ) in err
     assert [m.group(1) for m in TRIAL_LINE.finditer(err)] == ["3"], err
     results = json.loads((copy / "results.json").read_text())
     assert sum(results["trials"].values()) == 4
@@ -162,6 +165,24 @@ def test_ctrl_c_keeps_the_study_and_resume_continues_the_running_trial(
 
 
 # -- errors: one line, nothing written --------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_base_config_that_does_not_validate_validates_five_times_a_trial(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``evaluation.every`` unset (0, the default: a run that validates never) is not an error
+    for a search, which selects on validation: its trials validate 5 times (every
+    ``training.epochs // 5`` epochs), kept in the study's base config and said in its header."""
+    argv = _search(tmp_path, "v5", "--trials", "1", "--set", "training.epochs=10")
+    code, _, err = run_cli([*argv, "--set", "evaluation.every=0"], capsys)
+    assert code == 0, err
+    assert "1 trial on 1 worker, 2 parameters, trials of 10 epochs validated every 2 epochs" in err
+    study = json.loads((tmp_path / "studies" / "v5" / "study.json").read_text())
+    assert study["base"]["evaluation"]["every"] == 2
+    trial = next((tmp_path / "studies" / "v5" / "trials").iterdir())
+    rows = [json.loads(x) for x in (trial / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in rows if r.get("valid_mrr") is not None] == [2, 4, 6, 8, 10]
 
 
 def test_a_base_config_or_a_study_to_resume_is_required(

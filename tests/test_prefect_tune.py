@@ -232,7 +232,7 @@ def test_bad_search_parameters_fail_before_any_work(
         ({"space_url": str(tmp_path / "nope.yaml")}, "search space file not found"),
         ({"timeout": "soon"}, "is not a duration"),
         ({"trials": 0}, "trials"),
-        ({"overrides": ["evaluation.every=0"]}, "evaluation.every"),
+        ({"overrides": ["training.epochs=-1"]}, "training.epochs"),
     ]
     for extra, message in cases:
         state = tune_kge(**common, **extra, return_state=True)

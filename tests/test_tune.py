@@ -30,6 +30,7 @@ from kgpipe.tune import (
     parse_duration,
     prepare_study,
     run_and_summarize,
+    search_base,
 )
 from kgpipe.tune.folder import TRIMMED
 from kgpipe.tune.space import check_space, trial_config
@@ -310,11 +311,19 @@ def test_pruners_stop_trials_where_their_rules_say() -> None:
     assert {a for a in at if a is not None} <= {5, 15} and at.count(None) < len(at)
 
 
-def test_a_search_needs_validation(tmp_path: Path) -> None:
-    base = base_config(evaluation={"every": 0})
-    with pytest.raises(ConfigError, match=r"evaluation\.every"):
-        prepare_study(base, SearchSpace.from_yaml(SPACE), TuneSettings(root=str(tmp_path)))
-    assert not any(tmp_path.iterdir())  # nothing written
+def test_a_base_that_does_not_validate_validates_five_times_a_trial(tmp_path: Path) -> None:
+    """A search selects on validation: a base with ``evaluation.every: 0`` (a run's default)
+    validates every ``training.epochs // 5`` epochs (at least 1), in the study's stored base;
+    a base that validates keeps its own ``every``."""
+    for epochs, every in ((10, 2), (12, 2), (4, 1), (100, 20)):
+        base = base_config(evaluation={"every": 0}, training={"epochs": epochs})
+        assert search_base(base).evaluation.every == every, epochs
+        assert search_base(base).model_copy(update={"evaluation": base.evaluation}) == base
+    kept = base_config(evaluation={"every": 3}, training={"epochs": 10})
+    assert search_base(kept) is kept
+    base = base_config(evaluation={"every": 0}, training={"epochs": 10})
+    folder = prepare_study(base, SearchSpace.from_yaml(SPACE), TuneSettings(root=str(tmp_path)))
+    assert open_study_folder(folder.path).base.evaluation.every == 2
 
 
 # -- the study ---------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ __all__ = [
     "parse_duration",
     "prepare_study",
     "run_and_summarize",
+    "search_base",
 ]
 
 
@@ -58,12 +59,22 @@ def prepare_study(
     check_space(space, base)
     if settings.storage:
         check_storage(settings.storage, name=settings.name)
-    if not base.evaluation.every:
-        raise ConfigError(
-            "a search selects on validation: set evaluation.every in the base config "
-            "(the pruner acts at each validation)"
-        )
-    return create_study_folder(base, space, settings)
+    return create_study_folder(search_base(base), space, settings)
+
+
+#: validations a trial makes when the base config does not say (``evaluation.every`` unset)
+VALIDATIONS = 5
+
+
+def search_base(base: RunConfig) -> RunConfig:
+    """The base config a search runs: a search selects on validation and its pruner acts at
+    each one, so a base that does not validate (``evaluation.every: 0``, the default) validates
+    :data:`VALIDATIONS` times a trial (every ``training.epochs // 5`` epochs, at least 1)."""
+    if base.evaluation.every:
+        return base
+    every = max(1, base.training.epochs // VALIDATIONS)
+    evaluation = base.evaluation.model_copy(update={"every": every})
+    return base.model_copy(update={"evaluation": evaluation})
 
 
 def run_and_summarize(
