@@ -32,6 +32,7 @@ from kgpipe.tune import (
     open_study_folder,
     prepare_study,
     search_base,
+    trial_length_text,
 )
 from kgpipe.tune.folder import STUDY
 from kgpipe.tune.results import summarize, trial_rows
@@ -67,9 +68,8 @@ def open_or_prepare_study(
     if path is None or not (path / STUDY).exists():
         folder = prepare_study(base, space, settings)
         logger.info(
-            "new study %s (%d trial(s) in all; trials of %d epochs validated every %d)",
-            folder.path, settings.trials or 0, folder.base.training.epochs,
-            folder.base.evaluation.every,
+            "new study %s (%d trial(s) in all; %s)",
+            folder.path, settings.trials or 0, trial_length_text(folder.base),
         )  # fmt: skip
         return folder
     folder = open_study_folder(path)

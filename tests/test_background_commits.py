@@ -209,6 +209,7 @@ def test_the_sharded_ranks_agreement_does_not_count_in_the_next_epochs_collectiv
 
     store = dist.FileStore(str(tmp_path / "store"), 1)
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    commit, sharded = Recorder(hold=True), None
     try:
         comm = Comm(world_size=1)
         exchange = SimpleNamespace(comm=comm, own=torch.arange(4), rank=0)
@@ -220,7 +221,6 @@ def test_the_sharded_ranks_agreement_does_not_count_in_the_next_epochs_collectiv
             until=20,
             meta={},
         )
-        commit = Recorder(hold=True)
         sharded._commits = BackgroundCommits(commit, background=True, name="t-shards")
         sharded._commits.submit(_state(5), None)  # a commit in flight: the agreement runs
         comm.seconds, comm.calls = 0.25, 3  # the next epoch's traffic so far
@@ -236,7 +236,8 @@ def test_the_sharded_ranks_agreement_does_not_count_in_the_next_epochs_collectiv
         assert calls == [0]  # it ran, over the group, and no thread had failed
         assert (comm.seconds, comm.calls) == (0.25, 3)
         assert real(0) == 0 and comm.calls == 4  # a max that is not the agreement counts
-        commit.release.set()
-        sharded.close(10)
     finally:
+        commit.release.set()
+        if sharded is not None:
+            sharded.close(10)
         dist.destroy_process_group()

@@ -164,16 +164,14 @@ def test_ctrl_c_keeps_the_study_and_resume_continues_the_running_trial(
     assert json.loads((folder / "results.json").read_text())["best"]["trial"] == 0
 
 
-# -- errors: one line, nothing written --------------------------------------------------------
-
-
 @pytest.mark.slow
-def test_a_base_config_that_does_not_validate_validates_five_times_a_trial(
+def test_a_base_config_that_does_not_validate_validates_at_most_five_times_a_trial(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``evaluation.every`` unset (0, the default: a run that validates never) is not an error
-    for a search, which selects on validation: its trials validate 5 times (every
-    ``training.epochs // 5`` epochs), kept in the study's base config and said in its header."""
+    for a search, which selects on validation: its trials validate at most 5 times (every
+    ``ceil(training.epochs / 5)`` epochs), kept in the study's base config and said in its
+    first line."""
     argv = _search(tmp_path, "v5", "--trials", "1", "--set", "training.epochs=10")
     code, _, err = run_cli([*argv, "--set", "evaluation.every=0"], capsys)
     assert code == 0, err
@@ -183,6 +181,9 @@ def test_a_base_config_that_does_not_validate_validates_five_times_a_trial(
     trial = next((tmp_path / "studies" / "v5" / "trials").iterdir())
     rows = [json.loads(x) for x in (trial / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows if r.get("valid_mrr") is not None] == [2, 4, 6, 8, 10]
+
+
+# -- errors: one line, nothing written --------------------------------------------------------
 
 
 def test_a_base_config_or_a_study_to_resume_is_required(

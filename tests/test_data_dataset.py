@@ -89,13 +89,19 @@ def test_vocabulary_lookup_and_hint() -> None:
     assert str(info.value) == "unknown entity 'alic'; did you mean 'alice'?"
     with pytest.raises(KgpipeError) as info:
         vocab.relation_id("zzz")
-    assert str(info.value) == "unknown relation 'zzz'; the graph's relations are 'knows'"
+    assert str(info.value) == "unknown relation 'zzz'; the graph's only relation is 'knows'"
     with pytest.raises(KgpipeError) as info:
         vocab.entity_id("zzz")  # nothing close: a vocabulary this small is listed
     assert str(info.value) == "unknown entity 'zzz'; the graph's entities are 'alice' and 'bob'"
     many = Vocabulary(entities=tuple(f"e{i}" for i in range(13)), relations=("knows",))
     with pytest.raises(KgpipeError) as info:
         many.entity_id("zzz")  # 13 labels: too many to list
+    assert str(info.value) == "unknown entity 'zzz'"
+    long = Vocabulary(
+        entities=tuple(f"http://example.org/{i:040d}" for i in range(12)), relations=("k",)
+    )
+    with pytest.raises(KgpipeError) as info:
+        long.entity_id("zzz")  # 12 labels, but a list of them would be over 400 characters
     assert str(info.value) == "unknown entity 'zzz'"
 
 

@@ -346,3 +346,41 @@ def test_the_flow_takes_the_settings_the_cli_takes(tmp_path: Path) -> None:
         flow_settings(base, pruner="asha", prune_warmup=0, **common)
     with pytest.raises(ConfigError, match="cluster: 'nowhere'"):
         flow_settings(base, pruner="median", cluster="nowhere", **common)
+
+
+def test_a_study_of_a_base_that_does_not_validate_resumes_without_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow's study task creates a study from a base with ``evaluation.every: 0`` (its
+    trials validate every ``ceil(epochs / 5)`` epochs, kept in the study) and, run again with
+    the same base, resumes it without saying the base differs from the study's."""
+    import logging
+
+    import tasks.tune as task_module
+    from kgpipe.config import load_config
+    from kgpipe.tune import SearchSpace, TuneSettings
+
+    records: list[logging.LogRecord] = []
+
+    class Recorder(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = logging.getLogger("test-study-task")
+    logger.addHandler(Recorder())
+    logger.setLevel(logging.INFO)
+    monkeypatch.setattr(task_module, "get_run_logger", lambda: logger)
+    base = load_config(
+        str(REPO / "configs" / "umls-complex.yaml"),
+        ["evaluation.every=0", "training.epochs=10", f"run.root={tmp_path / 'runs'}"],
+    )
+    space = SearchSpace.from_yaml(SPACE)
+    settings = TuneSettings(root=str(tmp_path / "studies"), name="v", trials=2)
+    first = task_module.open_or_prepare_study.fn(base, space, settings)
+    assert first.base.evaluation.every == 2
+    again = task_module.open_or_prepare_study.fn(base, space, settings)
+    assert again.path == first.path and again.base == first.base
+    said = [r.getMessage() for r in records]
+    assert "trials of 10 epochs validated every 2 epochs" in said[0], said
+    assert said[1].startswith("resuming study"), said
+    assert not [r for r in records if r.levelno >= logging.WARNING], said

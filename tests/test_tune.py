@@ -311,19 +311,30 @@ def test_pruners_stop_trials_where_their_rules_say() -> None:
     assert {a for a in at if a is not None} <= {5, 15} and at.count(None) < len(at)
 
 
-def test_a_base_that_does_not_validate_validates_five_times_a_trial(tmp_path: Path) -> None:
+def test_a_base_that_does_not_validate_validates_at_most_five_times_a_trial(
+    tmp_path: Path,
+) -> None:
     """A search selects on validation: a base with ``evaluation.every: 0`` (a run's default)
-    validates every ``training.epochs // 5`` epochs (at least 1), in the study's stored base;
-    a base that validates keeps its own ``every``."""
-    for epochs, every in ((10, 2), (12, 2), (4, 1), (100, 20)):
+    validates every ``ceil(training.epochs / 5)`` epochs (and at its last, as every run does),
+    in the study's stored base; a base that validates keeps its own ``every``; a base of 0
+    epochs is refused, with nothing written."""
+    for epochs, every in ((10, 2), (12, 3), (14, 3), (4, 1), (1, 1), (100, 20)):
         base = base_config(evaluation={"every": 0}, training={"epochs": epochs})
         assert search_base(base).evaluation.every == every, epochs
         assert search_base(base).model_copy(update={"evaluation": base.evaluation}) == base
+        assert len({*range(every, epochs + 1, every), epochs}) <= 5, epochs
     kept = base_config(evaluation={"every": 3}, training={"epochs": 10})
     assert search_base(kept) is kept
     base = base_config(evaluation={"every": 0}, training={"epochs": 10})
     folder = prepare_study(base, SearchSpace.from_yaml(SPACE), TuneSettings(root=str(tmp_path)))
     assert open_study_folder(folder.path).base.evaluation.every == 2
+    empty = tmp_path / "empty"
+    with pytest.raises(ConfigError, match=r"training\.epochs >= 1"):
+        prepare_study(
+            base_config(training={"epochs": 0}), SearchSpace.from_yaml(SPACE),
+            TuneSettings(root=str(empty)),
+        )  # fmt: skip
+    assert not empty.exists()
 
 
 # -- the study ---------------------------------------------------------------------------------

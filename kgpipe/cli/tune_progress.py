@@ -220,10 +220,9 @@ def header_text(folder: StudyFolder, states: dict[str, int] | None) -> str:
         budget.append(f"at most {clock(s.timeout_s)}")
     workers = f"{s.workers} worker" + ("s" if s.workers != 1 else "")
     params = len(folder.space.keys())
-    every = folder.base.evaluation.every
-    trials = f"trials of {folder.base.training.epochs} epochs validated every " + (
-        "epoch" if every == 1 else f"{every} epochs"
-    )
+    from kgpipe.tune import trial_length_text
+
+    trials = trial_length_text(folder.base)
     text = f"study {folder.path}: {' or '.join(budget)} on {workers}, {params} parameters, {trials}"
     if states is not None:
         text = f"resuming {text}; so far {states_text(states) or 'no trials'}"

@@ -79,7 +79,8 @@ WELL_KNOWN_PREFIXES: Mapping[str, str] = {
 _SEPARATORS = "/#:"
 _PREFIXED = re.compile(r"([A-Za-z][\w.-]*):([^/#:]+)")
 _SHOWN = 3
-_LISTED = 12  # an unknown label with no close one lists a vocabulary this small
+# an unknown label with no close one lists a vocabulary this small (labels, characters)
+_LISTED, _LISTED_CHARS = 12, 400
 
 
 def local_name(label: str) -> str:
@@ -114,11 +115,15 @@ def _unknown(kind: str, label: str, labels: Sequence[str], also: str = "") -> Kg
     close = _closest(label, labels)
     if close:
         hint = f"; did you mean {_quoted(close)}?"
-    elif 0 < len(labels) <= _LISTED:  # nothing close, and few to choose from: all of them
-        kinds = "entities" if kind == "entity" else f"{kind}s"
-        hint = f"; the graph's {kinds} are {_quoted(list(labels), conj='and')}"
-    else:
-        hint = ""
+    else:  # nothing close: a short vocabulary is listed whole
+        listed = _quoted(list(labels[:_LISTED]), conj="and") if labels else ""
+        if len(labels) == 1:
+            hint = f"; the graph's only {kind} is {listed}"
+        elif len(labels) <= _LISTED and len(listed) <= _LISTED_CHARS:
+            kinds = "entities" if kind == "entity" else f"{kind}s"
+            hint = f"; the graph's {kinds} are {listed}"
+        else:
+            hint = ""
     return KgpipeError(f"unknown {kind} {label!r}{also}{hint}")
 
 

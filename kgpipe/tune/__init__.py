@@ -32,6 +32,7 @@ __all__ = [
     "prepare_study",
     "run_and_summarize",
     "search_base",
+    "trial_length_text",
 ]
 
 
@@ -55,26 +56,39 @@ def prepare_study(
 ) -> StudyFolder:
     """Check the search and create its study folder (nothing is written on a bad input)."""
     check_budget(settings)
+    if base.training.epochs < 1:
+        raise ConfigError(
+            "a search needs training.epochs >= 1: a trial of 0 epochs validates nothing"
+        )
+    base = search_base(base)
     space = space or default_space(base.model.name)
     check_space(space, base)
     if settings.storage:
         check_storage(settings.storage, name=settings.name)
-    return create_study_folder(search_base(base), space, settings)
+    return create_study_folder(base, space, settings)
 
 
-#: validations a trial makes when the base config does not say (``evaluation.every`` unset)
+#: validations a trial makes at most when the base config does not say (``evaluation.every``)
 VALIDATIONS = 5
 
 
 def search_base(base: RunConfig) -> RunConfig:
     """The base config a search runs: a search selects on validation and its pruner acts at
     each one, so a base that does not validate (``evaluation.every: 0``, the default) validates
-    :data:`VALIDATIONS` times a trial (every ``training.epochs // 5`` epochs, at least 1)."""
+    at most :data:`VALIDATIONS` times a trial: every ``ceil(training.epochs / 5)`` epochs (a run
+    also validates at its last epoch)."""
     if base.evaluation.every:
         return base
-    every = max(1, base.training.epochs // VALIDATIONS)
+    every = max(1, -(-base.training.epochs // VALIDATIONS))
     evaluation = base.evaluation.model_copy(update={"every": every})
     return base.model_copy(update={"evaluation": evaluation})
+
+
+def trial_length_text(base: RunConfig) -> str:
+    """How long a trial of ``base`` is and how often it validates, for a study's first line."""
+    epochs, every = base.training.epochs, base.evaluation.every
+    length = "1 epoch" if epochs == 1 else f"{epochs} epochs"
+    return f"trials of {length} validated every " + ("epoch" if every == 1 else f"{every} epochs")
 
 
 def run_and_summarize(

@@ -181,9 +181,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
     out.url = result.url
     out.seconds = time.perf_counter() - t0
     if not _score(out):
-        out.error = (
-            "the trial validated nothing: a search needs validation data and evaluation.every"
-        )
+        out.error = "the trial validated nothing: a search needs validation triples (data.valid)"
         return out
     last_epoch = int(history[-1]["epoch"])
     out.state = (
