@@ -99,11 +99,13 @@ def _fillers(run: Path, tmp: Path, path: tuple[str, ...], option: str) -> dict[s
             "evaluation": {"every": 0, "test": False},
         })
     )  # fmt: skip
+    # a base of 0 epochs: a valid tune command stops at that check, the last before it writes
+    # anything, so a value this fuzz takes for valid is not a search
+    no_search = tmp / "no-search.yaml"
+    no_search.write_text(cfg.read_text().replace('"epochs": 1', '"epochs": 0'))
     fill = {
         "train": {"--config": [str(cfg)], "--no-prefect": [], "--quiet": []},
-        # the filler config has no evaluation.every: a valid tune command stops at that check
-        # (before it writes anything), so a value this fuzz takes for valid is not a search
-        "tune": {"--config": [str(cfg)], "--trials": ["1"], "--quiet": []},
+        "tune": {"--config": [str(no_search)], "--trials": ["1"], "--quiet": []},
         "evaluate": {"run": [str(run)]},
         "export": {"run": [str(run)], "--out": [str(tmp / "out")]},
         "predict": {"run": [str(run)], "--head": [ent], "--relation": [rel]},

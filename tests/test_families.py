@@ -579,3 +579,18 @@ def test_a_class_registered_after_the_config_is_a_valid_name() -> None:
         assert "plugin-model" in schema["enum"]
     finally:
         INTERACTIONS._classes.pop("plugin-model")
+
+
+def test_a_scheduler_address_is_a_url_dask_can_connect_with() -> None:
+    """``distributed.cluster`` and ``kgpipe tune --cluster`` take a scheduler address; a URL of
+    a scheme Dask has no comm for is none (``kgpipe tune --cluster s3://bucket`` reached Dask's
+    ``ValueError: unknown address scheme 's3'`` as a traceback), so the config names the key."""
+    from kgpipe.config import parse_config
+    from kgpipe.distributed.clusters import is_address
+
+    for good in ("tcp://10.0.0.1:8786", "TLS://h:1", "ws://h:1", "inproc://x", "h:8786"):
+        assert is_address(good), good
+    for bad in ("s3://bucket/out", "http://h:1", "file:///x", "abc", "", "0"):
+        assert not is_address(bad), bad
+    with pytest.raises(ConfigError, match=r"distributed\.cluster: unknown cluster"):
+        parse_config({"data": {"dataset": "umls"}, "distributed": {"cluster": "s3://b/x"}})

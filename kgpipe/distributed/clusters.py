@@ -32,9 +32,30 @@ __all__ = [
 _ADDRESS = re.compile(r"^([a-z][a-z0-9+.-]*://)?[^\s/:]+(:\d+)?/?$", re.IGNORECASE)
 
 
+#: Dask's own comm schemes; a plug-in's are asked of Dask (:func:`_dask_knows`)
+_SCHEMES = ("tcp", "tls", "inproc", "ucx", "ws", "wss")
+
+
 def is_address(value: str) -> bool:
-    """Whether ``value`` reads as a scheduler address (``tcp://host:port``, ``host:port``)."""
-    return "://" in value or (":" in value and bool(_ADDRESS.match(value)))
+    """Whether ``value`` reads as a scheduler address (``tcp://host:port``, ``host:port``): a
+    URL of a scheme Dask cannot connect with (``s3://bucket``) is none."""
+    if "://" in value:
+        scheme = value.split("://", 1)[0].lower()
+        return scheme in _SCHEMES or _dask_knows(scheme)
+    return ":" in value and bool(_ADDRESS.match(value))
+
+
+def _dask_knows(scheme: str) -> bool:
+    """Whether a comm backend is registered for ``scheme`` (Dask's entry points)."""
+    try:
+        from distributed.comm.registry import get_backend
+    except ImportError:  # pragma: no cover -- Dask is a core dependency
+        return False
+    try:
+        get_backend(scheme)
+    except ValueError:
+        return False
+    return True
 
 
 def worker_threads(workers: int, threads_per_worker: int | None, cores: int | None = None) -> int:

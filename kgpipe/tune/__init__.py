@@ -56,15 +56,15 @@ def prepare_study(
 ) -> StudyFolder:
     """Check the search and create its study folder (nothing is written on a bad input)."""
     check_budget(settings)
-    if base.training.epochs < 1:
-        raise ConfigError(
-            "a search needs training.epochs >= 1: a trial of 0 epochs validates nothing"
-        )
     base = search_base(base)
     space = space or default_space(base.model.name)
     check_space(space, base)
     if settings.storage:
         check_storage(settings.storage, name=settings.name)
+    if base.training.epochs < 1:
+        raise ConfigError(
+            "a search needs training.epochs >= 1: a trial of 0 epochs validates nothing"
+        )
     return create_study_folder(base, space, settings)
 
 
