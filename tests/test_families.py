@@ -594,3 +594,12 @@ def test_a_scheduler_address_is_a_url_dask_can_connect_with() -> None:
         assert not is_address(bad), bad
     with pytest.raises(ConfigError, match=r"distributed\.cluster: unknown cluster"):
         parse_config({"data": {"dataset": "umls"}, "distributed": {"cluster": "s3://b/x"}})
+    # a comm backend a plug-in registers with Dask makes its scheme an address
+    from distributed.comm.registry import backends
+
+    assert not is_address("kgpipe-test://h:1")
+    backends["kgpipe-test"] = backends["tcp"]
+    try:
+        assert is_address("kgpipe-test://h:1")
+    finally:
+        del backends["kgpipe-test"]
