@@ -70,11 +70,12 @@ class InProcessLauncher:
         if trainer.epoch >= until:
             return
         config = self.run.config
+        steps = trainer.steps_per_epoch
         self.say(
             f"training {config.model.name} (dim {config.model.dim}, "
             f"{'bf16' if trainer.bf16 else 'fp32'} scores) epochs "
             f"{trainer.epoch + 1}..{until} of {config.training.epochs}, "
-            f"{trainer.steps_per_epoch} steps each -> {self.run.url}"
+            f"{steps} step{'' if steps == 1 else 's'} each -> {self.run.url}"
         )
         try:
             trainer.fit(until=until)
