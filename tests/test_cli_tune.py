@@ -75,6 +75,7 @@ def test_a_search_prints_a_line_per_trial_and_the_summary(study: tuple[Path, int
     assert code == 0, err
     assert "Traceback" not in err
     assert [m.group(1) for m in TRIAL_LINE.finditer(err)] == ["0", "1", "2"], err
+    assert "\ntrial 0 trains the base config\n" in err  # all its values are in the space
     assert "lr=" in err and "init=" in err  # the values, without their section
     assert f"study: {folder}  (3 trials: 3 complete" in err
     assert re.search(r"best: trial \d, valid MRR 0\.\d{4} at epoch \d  training\.lr=", err), err
@@ -171,11 +172,16 @@ def test_a_base_config_that_does_not_validate_validates_at_most_five_times_a_tri
     """``evaluation.every`` unset (0, the default: a run that validates never) is not an error
     for a search, which selects on validation: its trials validate at most 5 times (every
     ``ceil(training.epochs / 5)`` epochs), kept in the study's base config and said in its
-    first line."""
+    first line. Its second says which base values trial 0 cannot train (not in the space)."""
     argv = _search(tmp_path, "v5", "--trials", "1", "--set", "training.epochs=10")
-    code, _, err = run_cli([*argv, "--set", "evaluation.every=0"], capsys)
+    code, _, err = run_cli([*argv, "--set", "evaluation.every=0", "--set", "model.init=uniform"],
+                           capsys)  # fmt: skip
     assert code == 0, err
     assert "1 trial on 1 worker, 2 parameters, trials of 10 epochs validated every 2 epochs" in err
+    assert (
+        "\ntrial 0 trains the base config, except for these base values, which the space sets "
+        "or draws instead: model.init='uniform'\n"
+    ) in err
     study = json.loads((tmp_path / "studies" / "v5" / "study.json").read_text())
     assert study["base"]["evaluation"]["every"] == 2
     trial = next((tmp_path / "studies" / "v5" / "trials").iterdir())

@@ -346,6 +346,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     progress = None
     if not args.quiet:
         console.print(escape(header_text(folder, states)), highlight=False, soft_wrap=True)
+        if not resumed and folder.settings.base_trial and not args.verbose:  # -v: logged
+            text = folder.space.base_trial_text(folder.base)
+            console.print(escape(text), highlight=False, soft_wrap=True)
         progress = TuneProgress(
             console,
             keys=folder.space.keys(),

@@ -331,7 +331,13 @@ class SearchSpace:
         trial sets or draws instead (:meth:`base_params`)."""
         params, outside = self.base_params(base)
         study.enqueue_trial(params, user_attrs={"base_config": True, "not_from_base": outside})
-        unless = ", except for what the space sets or draws: " + ", ".join(outside)
+        return self.base_trial_text(base)
+
+    def base_trial_text(self, base: RunConfig) -> str:
+        """What a new study's first trial (:meth:`enqueue_base`) trains, in one line."""
+        outside = self.base_params(base)[1]
+        unless = ", except for these base values, which the space sets or draws instead: "
+        unless += ", ".join(outside)
         return "trial 0 trains the base config" + (unless if outside else "")
 
     def keys(self) -> list[str]:
