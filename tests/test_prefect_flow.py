@@ -56,9 +56,12 @@ def test_deployment_run_on_a_real_server(prefect_env: PrefectServer, tmp_path: P
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     worker_log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
+    # it looks for scheduled runs every second (Prefect's default: every 10 s)
+    worker_env = {**env, "PREFECT_WORKER_QUERY_SECONDS": "1"}
     worker = subprocess.Popen(
         [str(BIN / "prefect"), "worker", "start", "--pool", "kgpipe-process"],
-        cwd=REPO, env=env, stdout=worker_log, stderr=subprocess.STDOUT, start_new_session=True,
+        cwd=REPO, env=worker_env, stdout=worker_log, stderr=subprocess.STDOUT,
+        start_new_session=True,
     )  # fmt: skip
     try:
         params = {
