@@ -86,6 +86,28 @@ def test_on_a_terminal_one_bar_for_the_whole_run() -> None:
     assert text.count("valid MRR 0.5500 (best") == 1  # one line at each validation
 
 
+def test_the_run_is_announced_once_not_at_every_validation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plain loop trains a segment per validation with the same trainer: the line that
+    says what trains (model, steps, run folder) comes once, with the command's epochs; a
+    resume says where it goes on from."""
+    from cli_support import run_cli
+
+    argv = ["train", "-c", str(REPO / "configs/umls-complex.yaml"), "--no-prefect",
+            "--set", "model.dim=16", "--set", "training.epochs=6", "--set", "evaluation.every=2",
+            "--set", "evaluation.test=false", "--set", f"run.root={tmp_path}",
+            "--set", "run.name=once"]  # fmt: skip
+    code, _, err = run_cli([*argv, "--set", "training.epochs=4"], capsys)
+    assert code == 0, err
+    said = re.findall(r"training complex \(dim 16, fp32 scores\) epochs (\S+), 21 steps each", err)
+    assert said == ["1..4"], err
+    assert re.findall(r"epoch (\d)/4:", err) == ["2", "4"], err
+    code, _, err = run_cli([*argv, "--resume"], capsys)
+    assert code == 0, err
+    assert re.findall(r"scores\) epochs (\S+),", err) == ["5..6"], err
+
+
 @pytest.mark.slow
 def test_kgpipe_train_through_prefect_is_quiet(tmp_path: Path) -> None:
     """The Prefect path prints each reported epoch once (not also as a Prefect log line), no

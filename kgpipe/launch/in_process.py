@@ -60,23 +60,25 @@ class InProcessLauncher:
     def _train(self, until: int) -> None:
         built = self._built
         committed = self.checkpoints.committed() if built is not None else []
-        if built is None or not committed or committed[-1].epoch != built.trainer.epoch:
+        new = built is None or not committed or committed[-1].epoch != built.trainer.epoch
+        if new:
             latest = self.checkpoints.resume_point()
             built = self._build(latest[1] if latest else None, until)
             del latest  # copied into the tables and the optimiser: no second copy in training
-        assert built.saver is not None
+        assert built is not None and built.saver is not None
         built.saver.until = until
         trainer = built.trainer
         if trainer.epoch >= until:
             return
         config = self.run.config
         steps = trainer.steps_per_epoch
-        self.say(
-            f"training {config.model.name} (dim {config.model.dim}, "
-            f"{'bf16' if trainer.bf16 else 'fp32'} scores) epochs "
-            f"{trainer.epoch + 1}..{until} of {config.training.epochs}, "
-            f"{steps} step{'' if steps == 1 else 's'} each -> {self.run.url}"
-        )
+        if new:  # a segment that goes on with the same trainer has nothing new to say
+            self.say(
+                f"training {config.model.name} (dim {config.model.dim}, "
+                f"{'bf16' if trainer.bf16 else 'fp32'} scores) epochs "
+                f"{trainer.epoch + 1}..{config.training.epochs}, "
+                f"{steps} step{'' if steps == 1 else 's'} each -> {self.run.url}"
+            )
         try:
             trainer.fit(until=until)
         except BaseException:
