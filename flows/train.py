@@ -148,14 +148,15 @@ def _train_and_finish(
                 )
             )
             address, dashboard = str(client.scheduler.address), str(client.dashboard_link)
-        state = {"restarts": 0}
+        state = {"restarts": 0, "segments": 0}
 
         def segment(until: int) -> SegmentResult:
             result = train_segment(
                 run, until, address, state["restarts"], progress,
-                callbacks=callbacks, metrics_id=metrics,
+                callbacks=callbacks, metrics_id=metrics, announce=not state["segments"],
             )  # fmt: skip
             state["restarts"] = result.restarts
+            state["segments"] += 1
             return result
 
         history, restarts = drive_segments(run, segment, log=logger.info)

@@ -54,9 +54,11 @@ def make_launcher(
     rank_callbacks: Sequence[Callback] = (),
     log: Log | None = None,
     restarts: int = 0,
+    announce: bool = True,
 ) -> Launcher:
     """The launcher of ``run``: a gang on ``client``'s cluster when the config trains on Dask
-    (``distributed.uses_dask``), else this process."""
+    (``distributed.uses_dask``), else this process. ``announce``: log what trains and where
+    (false for a segment that goes on from a segment of the same command)."""
     if run.config.distributed.uses_dask:
         if client is None:
             raise ValueError("a Dask run needs the client of its cluster")
@@ -67,8 +69,11 @@ def make_launcher(
             rank_callbacks=rank_callbacks,
             log=log,
             restarts=restarts,
+            announce=announce,
         )
-    return InProcessLauncher(run, callbacks=callbacks, rank_callbacks=rank_callbacks, log=log)
+    return InProcessLauncher(
+        run, callbacks=callbacks, rank_callbacks=rank_callbacks, log=log, announce=announce
+    )
 
 
 def train(

@@ -135,5 +135,7 @@ def test_kgpipe_train_through_prefect_is_quiet(tmp_path: Path) -> None:
     assert "distributed." not in text and "jupyter" not in text, text
     epochs = re.findall(r"epoch (\d+)/10:", text)
     assert epochs == ["5", "10"], text
+    # the gang's line comes once, not again for the second segment (its own Prefect task)
+    assert re.findall(r"epochs (\S+) on 2 Dask worker\(s\)", text) == ["1..10"], text
     assert "train: 5,216 triples" in text and "│ both │" in text
     assert len(text.strip().splitlines()) <= 30, text

@@ -145,14 +145,15 @@ class DaskLauncher:
         rank_callbacks: Sequence[Callback] = (),
         log: Callable[[str], None] | None = None,
         restarts: int = 0,
+        announce: bool = True,
     ) -> None:
-        self.run = run
-        self.client = client
-        self.writer = MetricsWriter(run.store)
+        self.run, self.client, self.writer = run, client, MetricsWriter(run.store)
         self.callbacks: list[Callback] = [self.writer, *callbacks]
         self.rank_callbacks = tuple(rank_callbacks)
         self.say = log or (lambda _msg: None)
         self._restarts = restarts
+        # (workers, restarts, background commits) as last said: a segment going on alike is quiet
+        self._said = None if announce else (run.config.distributed.workers, restarts, True)
 
     @property
     def restarts(self) -> int:
@@ -211,12 +212,15 @@ class DaskLauncher:
                 self._spec, queue=queue, world=world, start=found.epoch if found else None,
                 until=until, config=launched,
             )  # fmt: skip
-            self.say(
-                f"epochs {start + 1}..{until} on {world} Dask worker(s) (sync={dcfg.sync})"
-                + (f", from the checkpoint of epoch {start}" if start else "")
-                + ("" if launched is config else "; a background commit's copy would not fit"
-                   " the workers' memory: commits are written in the foreground")
-            )  # fmt: skip
+            said, self._said = self._said, (world, self._restarts, launched is config)
+            if said != self._said:
+                since = f", from the checkpoint of epoch {start}" if start else ""
+                self.say(
+                    f"epochs {start + 1}..{config.training.epochs} on {world} Dask worker(s) "
+                    f"(sync={dcfg.sync}){since}"
+                    + ("" if launched is config else "; a background commit's copy would not fit"
+                       " the workers' memory: commits are written in the foreground")
+                )  # fmt: skip
             relay = _Relay(view, self.callbacks)
             try:
                 launch_gang(
@@ -347,8 +351,7 @@ class DaskLauncher:
             until=until,
             rank_callbacks=self.rank_callbacks,
             restarts=self._restarts,
-            # workers of a cluster this process started are its children: they can tell when
-            # it is gone
+            # workers of a cluster this process started are its children: they see it go
             driver_pid=os.getpid() if dcfg.cluster in CLUSTERS else None,
         )
 
@@ -357,9 +360,7 @@ class _Relay:
     """Turns rank 0's queue events into driver-side callback calls on the gang's view."""
 
     def __init__(self, view: GangView, callbacks: Sequence[Callback]) -> None:
-        self.view = view
-        self.callbacks = callbacks
-        self.started = False
+        self.view, self.callbacks, self.started = view, callbacks, False
 
     def __call__(self, event: dict[str, Any]) -> None:
         view = self.view

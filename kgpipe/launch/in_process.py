@@ -30,8 +30,11 @@ class InProcessLauncher:
         callbacks: Sequence[Callback] = (),
         rank_callbacks: Sequence[Callback] = (),
         log: Callable[[str], None] | None = None,
+        announce: bool = True,
     ) -> None:
         self.run = run
+        self.announce = announce  # say what trains when a trainer is built (a segment's own
+        # launcher, after the first, need not: the trainer is the same as before)
         self.callbacks = list(callbacks)
         self.rank_callbacks = list(rank_callbacks)
         self.say = log or (lambda _msg: None)
@@ -72,7 +75,7 @@ class InProcessLauncher:
             return
         config = self.run.config
         steps = trainer.steps_per_epoch
-        if new:  # a segment that goes on with the same trainer has nothing new to say
+        if new and self.announce:  # going on with the same trainer, there is nothing new
             self.say(
                 f"training {config.model.name} (dim {config.model.dim}, "
                 f"{'bf16' if trainer.bf16 else 'fp32'} scores) epochs "
