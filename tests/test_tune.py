@@ -694,9 +694,16 @@ training.lr:
   - {loguniform: [1.0e-2, 1.0], when: {training.optimizer: adagrad}}
 """
     )
-    params, outside = space.base_params(base_config(training={"lr": 0.001}))
-    assert params == {"training.optimizer": "adam", "training.lr#0": 0.001}  # YAML's "1e-3"
+    base = base_config(training={"lr": 0.001})
+    params, outside = space.base_params(base)
+    # YAML reads 1e-3 as the string "1e-3": the base's 0.001 is that choice, and Optuna is
+    # given the choice itself (it refuses a value that is not one of the choices)
+    assert params == {"training.optimizer": "adam", "training.lr#0": "1e-3"}
     assert outside == []
+    study = optuna.create_study()
+    space.enqueue_base(study, base)
+    trial = study.ask()
+    assert trial_config(base, space.sample(trial, base)).training.lr == 0.001
     by_dim = SearchSpace.from_yaml(
         """
 model.dim: {choices: [32, 64]}

@@ -107,6 +107,12 @@ class Param:
         k = (float(value) - low) / float(step)
         return abs(k - round(k)) < 1e-9
 
+    def as_drawn(self, value: Any) -> Any:
+        """``value`` (:meth:`contains` it) as drawn: the choice itself (YAML's ``"1e-3"``)."""
+        if self.kind in ("choices", "fixed"):
+            return next(c for c in self.choices if _same(value, c))
+        return value
+
     def describe(self) -> str:
         if self.kind in ("choices", "fixed"):
             return f"{self.key} in {list(self.choices)}"
@@ -316,7 +322,7 @@ class SearchSpace:
             if param.contains(value):
                 values[param.key] = value
                 if param.kind != "fixed":
-                    params[param.name] = value
+                    params[param.name] = param.as_drawn(value)  # what Optuna may be given
             else:
                 outside.append(f"{param.key}={value!r}")
                 if param.kind == "fixed":
