@@ -126,6 +126,9 @@ def test_resume_with_more_trials_runs_only_the_difference(
     assert [m.group(1) for m in TRIAL_LINE.finditer(err)] == ["3"], err
     results = json.loads((copy / "results.json").read_text())
     assert sum(results["trials"].values()) == 4
+    # the best trial is tested in the copy, whichever trial won (not where it first trained)
+    best = results["best"]
+    assert best["run"] == str(copy / "trials" / f"trial-{best['trial']:04d}") and best["test"]
     assert json.loads((copy / "study.json").read_text())["settings"]["trials"] == 4
     assert json.loads((folder / "results.json").read_text())["settings"]["trials"] == 3
 

@@ -260,6 +260,8 @@ def _summarize(
     if found is not None:
         best, value = found
         config = best_config(folder, best)
+        # where the trial trained, in this folder (it may have moved since: not the URL stored)
+        run = str(folder.trial_path(best.number)) if best.user_attrs.get("run") else None
         folder.write_text(
             "best.yaml",
             f"# best trial {best.number} of study {folder.name}: "
@@ -271,14 +273,14 @@ def _summarize(
             "state": _state(best),
             "epoch": best.user_attrs.get("best_epoch"),
             "values": best.user_attrs.get("values", {}),
-            "run": best.user_attrs.get("run"),
+            "run": run,
             "config": str(folder.file("best.yaml")),
         }
-        if test and best.user_attrs.get("run"):
+        if test and run:
             say(f"testing the best trial ({best.number}) on test")
             t0 = time.perf_counter()
             try:
-                metrics = evaluate_run(best.user_attrs["run"], split="test", checkpoint="best")
+                metrics = evaluate_run(run, split="test", checkpoint="best")
             except KgpipeError as err:  # the findings are written all the same
                 (warn or say)(f"the best trial could not be tested: {err}")
                 results["best"]["test_error"] = str(err)
