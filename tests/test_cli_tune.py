@@ -138,6 +138,21 @@ def test_resume_with_more_trials_runs_only_the_difference(
     assert f"study {copy} has its 4 trials: nothing to run" in err
     assert not TRIAL_LINE.search(err) and f"train it: kgpipe train -c {copy / 'best.yaml'}" in err
 
+    # findings older than the trials (a search stopped while it tested its winner): written
+    # again, the winner tested, not printed as they were
+    stale = {**results, "trials": {"complete": 1}}
+    (copy / "results.json").write_text(json.dumps(stale))
+    code, _, err = run_cli(["tune", "--resume", str(copy)], capsys)
+    assert code == 0, err
+    assert "has its 4 trials: nothing to run" not in err and "(4 trials: " in err, err
+    assert json.loads((copy / "results.json").read_text())["trials"] == results["trials"]
+
+    # --keep-trials best on a spent study: its losers are trimmed at once
+    code, _, err = run_cli(["tune", "--resume", str(copy), "--keep-trials", "best"], capsys)
+    assert code == 0, err
+    kept = [(copy / "trials" / f"trial-{n:04d}" / "checkpoints").is_dir() for n in range(4)]
+    assert kept == [n == best["trial"] for n in range(4)], (kept, err)
+
 
 @pytest.mark.slow
 def test_ctrl_c_keeps_the_study_and_resume_continues_the_running_trial(

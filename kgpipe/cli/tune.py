@@ -326,7 +326,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     resumed = args.resume is not None
     folder = _resumed_study(args) if resumed else _new_study(args)
     states, best = study_so_far(folder) if resumed else (None, None)
-    if states is not None and study_spent(folder, states):
+    # --keep-trials given to a spent study: its search trims at once, then summarizes again
+    if states is not None and args.keep_trials is None and study_spent(folder, states, best):
         if not args.quiet:
             console.print(
                 escape(

@@ -3,6 +3,7 @@ budget) with a line above it per finished trial; elsewhere a line per finished t
 
 from __future__ import annotations
 
+import json
 import shlex
 import time
 from collections.abc import Iterable, Sequence
@@ -277,12 +278,19 @@ def finished_trials(states: dict[str, int]) -> int:
     return sum(n for state, n in states.items() if state in ("complete", "pruned", "fail"))
 
 
-def study_spent(folder: StudyFolder, states: dict[str, int]) -> bool:
-    """Whether a resumed study has nothing left to run and its findings are written."""
+def study_spent(
+    folder: StudyFolder, states: dict[str, int], best: tuple[float, int] | None
+) -> bool:
+    """Whether a resumed study has nothing left to run and its findings are written for the
+    trials it has (``best``: :func:`study_so_far`'s). A search stopped after its last trial,
+    while it tested the winner, has not written them: its results.json is an older one's."""
     trials = folder.settings.trials
-    return (
-        trials is not None
-        and finished_trials(states) >= trials
-        and not states.get("running")
-        and folder.file("results.json").exists()
-    )
+    if trials is None or finished_trials(states) < trials or states.get("running"):
+        return False
+    try:
+        results = json.loads(folder.file("results.json").read_text())
+        counted = finished_trials(results["trials"])
+        won = results["best"]["trial"] if results.get("best") else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return counted == finished_trials(states) and won == (best[1] if best else None)
