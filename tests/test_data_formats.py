@@ -7,13 +7,14 @@ import gzip
 import lzma
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import fsspec
 import pytest
 
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
-from kgpipe.data.io import read_bytes, split_compression
+from kgpipe.data.io import opened, read_bytes, split_compression
 from kgpipe.errors import DataError
 
 TSV = b"a\tr1\tb\nb\tr2\tc\n"
@@ -59,9 +60,13 @@ def test_split_compression(url: str, expected: tuple[str, str | None]) -> None:
     assert split_compression(url) == expected
 
 
-def _zstd(data: bytes) -> bytes:
+def _zstd(data: bytes, *, checksum: bool = False) -> bytes:
     zstandard = pytest.importorskip("zstandard")
-    return zstandard.ZstdCompressor().compress(data)
+    return zstandard.ZstdCompressor(write_checksum=checksum).compress(data)
+
+
+def _zstd_checked(data: bytes) -> bytes:  # a flipped byte is found (without, it may not be)
+    return _zstd(data, checksum=True)
 
 
 @pytest.mark.parametrize(
@@ -122,6 +127,48 @@ def test_read_bytes_truncated(tmp_path: Path, suffix: str, compress) -> None:  #
     with pytest.raises(DataError) as info:
         read_bytes(str(path))
     assert str(info.value).startswith(f"{path}: cannot decompress")
+
+
+@pytest.mark.parametrize(
+    ("suffix", "compress"),
+    [
+        (".gz", gzip.compress),
+        (".bz2", bz2.compress),
+        (".xz", lzma.compress),
+        (".zst", _zstd_checked),
+    ],
+)
+@pytest.mark.parametrize("fault", ["flipped", "not compressed"])
+def test_a_corrupt_stream_is_bad_input_and_a_store_fault_is_not(
+    suffix: str, compress: Callable[[bytes], bytes], fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streamed (the columnar reader's way), a corrupt compressed file on a store is a
+    DataError at once: gzip's BadGzipFile and bz2's "Invalid data stream" are OSErrors, which
+    were taken for the store's faults and retried for ~25 s, then reported as one. A fault
+    of the store's own read, in the same stream, still reaches the retries as it was."""
+    data = bytearray(compress(TSV * 200) if fault == "flipped" else TSV * 200)
+    if fault == "flipped":
+        mid = len(data) // 2
+        data[mid : mid + 2] = bytes(b ^ 0xFF for b in data[mid : mid + 2])
+    url = f"memory://kgpipe-test-{uuid.uuid4().hex}/g.tsv{suffix}"
+    fsspec.filesystem("memory").pipe(url, bytes(data))
+    try:
+        with pytest.raises(DataError, match=r"g\.tsv.*: cannot decompress"), opened(url, None) as f:
+            while f.read(1 << 12):
+                pass
+        fsspec.filesystem("memory").pipe(url, compress(TSV * 200))
+        reset = ConnectionResetError(104, "Connection reset by peer")
+        real = type(fsspec.filesystem("memory").open(url, "rb"))
+
+        def fail(self, n=-1):  # type: ignore[no-untyped-def]
+            raise reset
+
+        monkeypatch.setattr(real, "read", fail)
+        with pytest.raises(ConnectionResetError) as info, opened(url, None) as f:
+            f.read(1 << 12)
+        assert info.value is reset  # as the store raised it: retried by the caller
+    finally:
+        fsspec.filesystem("memory").rm(url)
 
 
 def test_read_bytes_zstd_not_installed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,7 +18,6 @@ from typing import IO, Any
 from fsspec.core import url_to_fs
 
 from kgpipe.errors import DataError, StorageAccessDenied, StorageError
-from kgpipe.retry import is_transient
 from kgpipe.storage import RetryPolicy, read_url
 
 __all__ = [
@@ -164,6 +163,27 @@ def read_bytes(
     return decompress(raw, split_compression(url)[1], source=url)
 
 
+class _Store:
+    """A compressed file as read from its store, remembering the store's own read faults: a
+    decompressor raises OSError too (gzip's BadGzipFile, bz2's "Invalid data stream"), and
+    only the store's are worth a retry."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.fault: OSError | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            data: bytes = self.raw.read(n)
+        except OSError as err:
+            self.fault = err
+            raise
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
 @contextlib.contextmanager
 def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
     """The decompressed bytes of ``url``; read and decompression faults as :class:`DataError`."""
@@ -177,11 +197,16 @@ def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[byte
 
         if compr.get(compression) is None:
             raise DataError(url, f"cannot decompress ({compression}): its package is not installed")
+        store = _Store(raw)
         try:
-            yield compr[compression](raw, mode="rb")
+            yield compr[compression](store, mode="rb")
         except (EOFError, zlib.error, lzma.LZMAError) as err:
             raise DataError(url, f"cannot decompress ({compression}): {err}") from None
-        except OSError as err:  # a corrupt stream; the store's own faults are retried or reported
-            if is_transient(err) or isinstance(err, FileNotFoundError | PermissionError):
+        except OSError as err:  # the store's faults are retried or reported; else a bad stream
+            if err is store.fault or isinstance(err, FileNotFoundError | PermissionError):
+                raise
+            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
+        except Exception as err:  # zstandard's ZstdError is not an OSError
+            if type(err).__module__.split(".")[0] not in ("zstandard", "zstd"):
                 raise
             raise DataError(url, f"cannot decompress ({compression}): {err}") from None
