@@ -289,6 +289,28 @@ def test_load_csv_with_header_and_compression(tmp_path: Path) -> None:
     assert labelled(ds, "train") == [("a", "r", "b"), ("b", "r", "c")]
 
 
+@pytest.mark.parametrize("blank", ["\t", "\t\t", "\t\t\t", " \t ", "   "])
+@pytest.mark.parametrize("reader", ["columnar", "line parser"])
+def test_a_line_of_only_whitespace_is_blank_however_many_delimiters_it_has(
+    tmp_path: Path, blank: str, reader: str
+) -> None:
+    """Two tabs split into three (empty) fields: such a line (an empty row of a spreadsheet's
+    export) was "empty head field" while one or three tabs were skipped as blank."""
+    train = tmp_path / "train.tsv"
+    train.write_text(f"a\tr\tb\n{blank}\nb\tr\tc\n\tr\ta\n", encoding="utf-8")
+    columns = {"columns": (0, 1, 2)} if reader == "line parser" else {}
+    with pytest.raises(DataError) as info:  # a line with an empty field is still refused
+        load_dataset(DataConfig(train=str(train), **columns))
+    assert str(info.value).startswith(f"{train}, line 4: empty head field"), info.value
+    train.write_text(f"a\tr\tb\n{blank}\nb\tr\tc\n", encoding="utf-8")
+    ds = load_dataset(DataConfig(train=str(train), **columns))
+    assert labelled(ds, "train") == [("a", "r", "b"), ("b", "r", "c")]
+    spaced = tmp_path / "spaced.tsv"  # the same with a space as the delimiter
+    spaced.write_text("a r b\n  \nb r c\n", encoding="utf-8")
+    ds = load_dataset(DataConfig(train=str(spaced), delimiter=" ", **columns))
+    assert labelled(ds, "train") == [("a", "r", "b"), ("b", "r", "c")]
+
+
 def test_load_ntriples_literals(tmp_path: Path) -> None:
     nt = tmp_path / "g.nt"
     nt.write_text(

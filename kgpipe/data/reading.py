@@ -347,17 +347,13 @@ def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: 
             ) from None
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
-        if fields is not None or not line or line[0] == "#":
+        if fields is not None or not line or line[0] == "#" or line.isspace():
             continue
         parts = line.split(delimiter)
         if len(parts) != 3:
-            if not line.isspace():
-                fields = DataError(
-                    url,
-                    f"expected 3 {described} fields, found {len(parts)}",
-                    line=number,
-                    excerpt=line,
-                )
+            fields = DataError(
+                url, f"expected 3 {described} fields, found {len(parts)}", line=number, excerpt=line
+            )
             continue
         if label is None:
             for role, value in zip(("head", "relation", "tail"), parts, strict=True):

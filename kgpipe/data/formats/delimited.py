@@ -89,12 +89,10 @@ def _parse_tsv(
         add_h, add_r, add_t, add_n = heads.append, rels.append, tails.append, nums.append
         for i in range(start, len(lines)):
             line = lines[i]
-            if not line or line[0] == "#":
+            if not line or line[0] == "#" or line.isspace():  # "\t\t" too: a blank line
                 continue
             fields = line.split(delimiter)
             if len(fields) != 3:
-                if line.isspace():
-                    continue
                 raise DataError(
                     source,
                     f"expected 3 {described} fields, found {len(fields)}",
@@ -111,12 +109,10 @@ def _parse_tsv(
         need = max(idx) + 1
         for i in range(start, len(lines)):
             line = lines[i]
-            if not line or line[0] == "#":
+            if not line or line[0] == "#" or line.isspace():
                 continue
             fields = line.split(delimiter)
             if len(fields) < need:
-                if line.isspace():
-                    continue
                 raise DataError(
                     source,
                     f"expected at least {need} {described} fields (columns {hi}, {ri}, {ti}), "
