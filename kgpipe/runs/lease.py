@@ -36,11 +36,15 @@ from typing import Any
 from kgpipe.errors import Fenced, KgpipeError, RunError
 from kgpipe.storage import Store
 
-__all__ = ["LEASE", "LeaseLost", "RunLease", "check_holder", "describe_holder"]
+__all__ = ["LEASE", "LeaseLost", "RunFolderBusy", "RunLease", "check_holder", "describe_holder"]
 
 log = logging.getLogger("kgpipe.lease")
 
 LEASE = "lease"
+
+
+class RunFolderBusy(RunError):
+    """Another writer holds the run folder's lease, and it has not expired."""
 
 
 class LeaseLost(Fenced):
@@ -147,7 +151,7 @@ class RunLease:
                         describe_holder(current, now),
                     )
                 elif not current.get("released") and age < ttl:
-                    raise RunError(
+                    raise RunFolderBusy(
                         f"{self.store.url}: another writer is using this run folder: "
                         f"{describe_holder(current, now)}. Two writers of one run folder "
                         "would overwrite each other; wait for it to finish (or, if it died, "

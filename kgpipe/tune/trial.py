@@ -16,9 +16,12 @@ from typing import Any
 
 from kgpipe.config import RunConfig
 from kgpipe.errors import KgpipeError
+from kgpipe.runs.lease import RunFolderBusy
 from kgpipe.training.hooks import Callback, TrainerView
 
 __all__ = ["TrialOutcome", "TrialSpec", "run_trial"]
+
+_BUSY_WAIT_S = 5.0  # between looks at a trial's run folder that another writer holds
 
 
 @dataclass(frozen=True)
@@ -150,13 +153,22 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
 
         limit = spec.pruner.get("trial_timeout_s")
         callbacks = [_Deadline(float(limit))] if limit else []
-        result = train(
-            config,
-            resume=True,
-            stop=stop,
-            callbacks=callbacks,
-            holder=f"trial {spec.number} of study {spec.study_name}",
-        )
+        while True:
+            try:
+                result = train(
+                    config,
+                    resume=True,
+                    stop=stop,
+                    callbacks=callbacks,
+                    holder=f"trial {spec.number} of study {spec.study_name}",
+                )
+                break
+            except RunFolderBusy:
+                # the trial still trains elsewhere: a worker of a cluster that outlived a
+                # killed search (Dask cannot stop a running task), or one another host ran
+                # before it died (its lease expires in fault_tolerance.lease_ttl_s). Going on
+                # when it ends (or expires) repeats nothing: the run resumes from its folder
+                time.sleep(_BUSY_WAIT_S)
     except TrialTimedOut as err:  # pruned by the clock: scored by what it validated so far
         named = config.with_run_name()
         out.history = _recorded_history(named)
