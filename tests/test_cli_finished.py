@@ -81,6 +81,10 @@ def test_find_label_by_suffix_prefixed_name_or_whole() -> None:
     assert found("term6") == found(f"<{NS}term6>") == found(f"{NS}term6") == f"{NS}term6"
     assert found("ns:term6") == found("ns#term6") == f"{NS}term6"  # the namespace's last segment
     assert found("ex:term6", {"ex": NS}) == f"{NS}term6"
+    with pytest.raises(
+        KgpipeError, match=r"unknown entity 'ns:term6' \(= 'http://x\.org/ns#term6'\)"
+    ):
+        found("ns:term6", {"ns": "http://x.org/ns#"})  # declared: not the ns# of another IRI
     assert found("vocab:term7") == f"{OTHER}term7"
     assert found("_:b1") == "_:b1" and found("alice") == "alice" and found("123") == "urn:isbn:123"
     vocab.find_relation("knows")
@@ -130,6 +134,27 @@ def test_predict_takes_iri_suffixes_and_prefixed_names(
     assert "unknown relation 'term9'; did you mean" in err and f"{NS}term" in err
     code, _, err = _run(["neighbours", str(nt_run), "--entity", "e0", "--json"], capsys)
     assert code == 0, err
+
+
+def test_labels_that_look_like_rich_markup_are_printed_as_they_are(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A label is text: "x[/y]" (rich's closing tag) gave a MarkupError traceback, and
+    "Queen [band]" printed as "Queen"."""
+    rnd = random.Random(0)
+    names = ["x[/y]", "Queen [band]", "[bold]loud", *(f"e{i}" for i in range(20))]
+    lines = {f"{rnd.choice(names)}\tr [2]\t{rnd.choice(names)}\n" for _ in range(200)}
+    lines |= {f"{n}\tr [2]\te0\n" for n in names}  # every label in train
+    (tmp_path / "train.tsv").write_text("".join(sorted(lines)))
+    run = _train(tmp_path / "runs", "markup", {"train": str(tmp_path / "train.tsv")},
+                 evaluation={"every": 0, "test": False})  # fmt: skip
+    for argv in (["neighbours", str(run), "--entity", "x[/y]", "--top", "30"],
+                 ["predict", str(run), "--head", "Queen [band]", "--relation", "r [2]",
+                  "--top", "30"]):  # fmt: skip
+        code, out, err = _run(argv, capsys)
+        shown = out + err  # the table is on stderr
+        assert code == 0 and "Traceback" not in err, err
+        assert "x[/y]" in shown and "Queen [band]" in shown and "[bold]loud" in shown, shown
 
 
 def test_predict_filter_known_leaves_out_the_graphs_answers(

@@ -22,6 +22,8 @@ def add_arguments(x: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
+
     from kgpipe.export import export_embeddings
     from kgpipe.runs.read import load_run
 
@@ -32,5 +34,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
     with storage_errors(args.out, "write the export"):
         written = export_embeddings(loaded.model, loaded.vocab, args.out, fmt=args.format)
     for written_url in written:
-        console.print(written_url)
+        console.print(escape(written_url), highlight=False)
     return 0

@@ -35,6 +35,7 @@ def add_arguments(n: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
+    from rich.markup import escape
     from rich.table import Table
 
     from kgpipe.runs.neighbours import nearest_entities
@@ -55,13 +56,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
         return 0
     order = "higher is nearer" if found.higher_is_nearer else "lower is nearer"
     table = Table(
-        title=f"top {len(rows)} neighbours of {vocab.entities[entity]}",
+        title=escape(f"top {len(rows)} neighbours of {vocab.entities[entity]}"),
         caption=f"{found.measure}: {order}",
     )
     table.add_column("#", justify="right")
     table.add_column("entity")
     table.add_column(found.measure, justify="right")
     for row in rows:
-        table.add_row(str(row["rank"]), str(row["entity"]), f"{row[key]:.4f}")
+        table.add_row(str(row["rank"]), escape(str(row["entity"])), f"{row[key]:.4f}")
     console.print(table)
     return 0

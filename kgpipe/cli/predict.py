@@ -37,6 +37,7 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, console: Console) -> int:
     import torch
+    from rich.markup import escape
     from rich.table import Table
 
     from kgpipe.data.vocab import Vocabulary
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     title = f"top {args.top} {side}s for {query}"
     if args.filter_known:
         title += f", {len(known)} known left out"
-    table = Table(title=title)
+    table = Table(title=escape(title))  # labels are text, not rich markup: "x[/y]"
     table.add_column("#", justify="right")
     table.add_column(side)
     table.add_column("score", justify="right")
@@ -105,7 +106,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     for i, (s, e) in enumerate(zip(values, indices, strict=True), 1):
         label = vocab.entities[e]
         rows.append({"rank": i, side: label, "score": s, "known": e in in_train})
-        table.add_row(str(i), label, f"{s:.4f}", *(["yes" if e in in_train else ""] * marked))
+        table.add_row(
+            str(i), escape(label), f"{s:.4f}", *(["yes" if e in in_train else ""] * marked)
+        )
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

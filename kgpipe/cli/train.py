@@ -68,6 +68,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     # imported here, not above: `kgpipe --help` and usage errors do not wait for torch; and
     # the config is read before the pipeline (Dask, pyarrow, ...) is imported, so that a
     # config error does not wait for those either
+    from rich.markup import escape
+
     from kgpipe.config import load_config
 
     config = load_config(args.config, args.set or [])
@@ -109,5 +111,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if results is not None:
         title = f"test ({results['triples']} triples, {ranking_word(results)})"
         print_metrics(console, results, title)
-    console.print(f"run folder: {url}  ({time.perf_counter() - t0:.1f} s)")
+    console.print(escape(f"run folder: {url}  ({time.perf_counter() - t0:.1f} s)"))
     return 0
