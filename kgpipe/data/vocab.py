@@ -154,6 +154,8 @@ def _find(
         namespace = {**WELL_KNOWN_PREFIXES, **(prefixes or {})}.get(prefix)
         if namespace is not None and namespace + local in index:
             return index[namespace + local]
+        if prefixes and prefix in prefixes:  # declared: it means that namespace, no other
+            raise _unknown(kind, text, labels, f" (= {namespace + local!r})")
         same = [x for x in labels if len(x) > len(local) and local_name(x) == local]
         found = [x for x in same if local_name(x[: -len(local) - 1]) == prefix]
         if len(found) == 1:
