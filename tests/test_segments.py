@@ -57,6 +57,13 @@ def test_early_stopping_keeps_the_best_validated_model(tmp_path: Path) -> None:
     manifests = sorted((tmp_path / "es" / "checkpoints").glob("*/manifest.json"))
     kept = [json.loads(m.read_text())["epoch"] for m in manifests]
     assert best_epoch in kept and len(kept) <= 3  # last 2 and the best
+    # resumed (as after a crash while it finished): no more training, the same model
+    (tmp_path / "es" / "results.json").unlink()
+    again = train(cfg, resume=True)
+    assert [h.epoch for h in again.history] == [h.epoch for h in history]
+    assert again.results is not None
+    assert again.results["training"]["model_epoch"] == best_epoch
+    assert again.results["mrr"] == result.results["mrr"]
 
 
 def test_warm_start_maps_rows_by_label() -> None:

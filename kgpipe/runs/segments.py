@@ -76,6 +76,11 @@ def drive_segments(
     say = log or (lambda _msg: None)
     history = committed_history(run)
     restarts = 0
+    if history and should_stop(history, run.config.evaluation.patience):
+        # a resume of a run that early stopping ended (and that a crash or a kill interrupted
+        # while it finished): training more would give another model than the run had
+        say(f"early stopping had ended training after epoch {history[-1]['epoch']}")
+        return history, restarts
     for end in segment_ends(run.resumed_epoch, run.config):
         segment = train_until(end)
         history, restarts = segment.history, segment.restarts
