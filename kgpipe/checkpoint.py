@@ -297,15 +297,14 @@ class CheckpointStore:
         return next((c for c in reversed(self.committed()) if self.verify(c)), None)
 
     def _uncommit_after(self, start: int) -> None:
-        for ckpt in self.committed():
-            if ckpt.epoch > start:
-                rel = f"{_dir(ckpt.epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
-                self.store.write_json(rel, ckpt.manifest)
-                self.store.remove(f"{_dir(ckpt.epoch)}/manifest.json", recursive=False)
-                log.warning(
-                    "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)",
-                    ckpt.epoch, self.store.url_of(rel),
-                )  # fmt: skip
+        for epoch in self.epochs():  # an unreadable manifest too: it would block the epoch
+            manifest = f"{_dir(epoch)}/manifest.json"
+            if epoch > start and self.store.exists(manifest):
+                rel = f"{_dir(epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
+                self.store.write_bytes(rel, self.store.read_bytes(manifest))  # as it was
+                self.store.remove(manifest, recursive=False)
+                said = "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)"
+                log.warning(said, epoch, self.store.url_of(rel))
 
     def load(self, ckpt: Checkpoint) -> TrainState:
         with self.verified_files(ckpt) as paths:

@@ -294,6 +294,21 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
     assert sorted(_manifests(tmp_path / "r")) == [1, 2, 3, 4]
 
 
+def test_resume_goes_past_an_unreadable_manifest(tmp_path: Path) -> None:
+    """A truncated manifest (empty) is skipped on resume, and moved aside like a corrupt
+    checkpoint's: left in place, it refused the recommit of its epoch ("epoch N is already
+    committed") on every resume."""
+    train(_config(str(tmp_path), "straight"))
+    with pytest.raises(KeyboardInterrupt):
+        train(_config(str(tmp_path), "u"), callbacks=[_Crash(4)])
+    newest = max(_manifests(tmp_path / "u"))
+    folder = tmp_path / "u" / "checkpoints" / f"epoch-{newest:06d}"
+    (folder / "manifest.json").write_text("")
+    train(_config(str(tmp_path), "u"), resume=True)
+    _assert_same_model(tmp_path / "straight", tmp_path / "u")
+    assert sorted(_manifests(tmp_path / "u")) == [1, 2, 3, 4]
+
+
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
     train(_config(str(tmp_path), "a", training={"epochs": 1}))
     with pytest.raises(
