@@ -64,6 +64,17 @@ def test_early_stopping_keeps_the_best_validated_model(tmp_path: Path) -> None:
     assert again.results is not None
     assert again.results["training"]["model_epoch"] == best_epoch
     assert again.results["mrr"] == result.results["mrr"]
+    # its best checkpoint corrupt: the run finishes from the best one that verifies
+    best_state = next((tmp_path / "es" / "checkpoints" / f"epoch-{best_epoch:06d}").glob("state-*"))
+    raw = bytearray(best_state.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    best_state.write_bytes(bytes(raw))
+    (tmp_path / "es" / "results.json").unlink()
+    last = train(cfg, resume=True)
+    assert last.results is not None
+    others = {h.epoch: h.extra["valid_mrr"] for h in history if h.epoch in kept}
+    others.pop(best_epoch)
+    assert last.results["training"]["model_epoch"] == max(others, key=lambda e: (others[e], -e))
 
 
 def test_warm_start_maps_rows_by_label() -> None:

@@ -150,12 +150,17 @@ def finish_run(
 def chosen_checkpoint(
     run: RunFolder, checkpoints: CheckpointStore | None = None, *, verify: bool = True
 ) -> Checkpoint | None:
-    """The checkpoint a finished run's model is: the best validated one under early stopping
-    (``evaluation.patience``), else the latest verified one (None: ``training.epochs: 0``;
-    ``verify=False``: the latest committed one, its files not read)."""
+    """The checkpoint a finished run's model is: the best validated one that verifies under
+    early stopping (``evaluation.patience``; a corrupt best gives way to the next), else the
+    latest verified one (None: ``training.epochs: 0``; ``verify=False``: the best or the latest
+    committed one, its files not read)."""
     checkpoints = checkpoints or run.checkpoints()
     config = run.config
-    chosen = checkpoints.best() if config.evaluation.patience else None
+    chosen = None
+    if config.evaluation.patience:
+        scored = [c for c in checkpoints.committed() if c.valid_mrr is not None]
+        ranked = sorted(scored, key=lambda c: (-float(c.valid_mrr or 0), c.epoch))
+        chosen = next((c for c in ranked if not verify or checkpoints.verify(c)), None)
     if chosen is None and not verify:
         return next(iter(reversed(checkpoints.committed())), None)
     if chosen is None:
