@@ -155,7 +155,7 @@ def _find(
         if namespace is not None and namespace + local in index:
             return index[namespace + local]
         if prefixes and prefix in prefixes:  # declared: it means that namespace, no other
-            raise _unknown(kind, text, labels, f" (= {namespace + local!r})")
+            raise _unknown(kind, text, labels, f" (= {prefixes[prefix] + local!r})")
         same = [x for x in labels if len(x) > len(local) and local_name(x) == local]
         found = [x for x in same if local_name(x[: -len(local) - 1]) == prefix]
         if len(found) == 1:
