@@ -177,6 +177,33 @@ def test_predict_filter_known_leaves_out_the_graphs_answers(
     assert [row["rank"] for row in rows] == list(range(1, len(rows) + 1))
 
 
+def test_evaluate_ranks_the_triples_the_run_staged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Not the files at the configured paths now: relative paths (resolved in the working
+    directory) made evaluate fail elsewhere ("file not found") and, from a folder with other
+    files under those names, silently rank other triples."""
+    rnd = random.Random(0)
+    lines = sorted({f"e{rnd.randrange(40)}\tr{rnd.randrange(3)}\te{rnd.randrange(40)}\n"
+                    for _ in range(600)})  # fmt: skip
+    graph = tmp_path / "graph"
+    (graph / "g").mkdir(parents=True)
+    for name, part in (("train", lines[:-80]), ("valid", lines[-80:-40]), ("test", lines[-40:])):
+        (graph / "g" / f"{name}.tsv").write_text("".join(part))
+    monkeypatch.chdir(graph)
+    data = {k: f"g/{k}.tsv" for k in ("train", "valid", "test")}
+    run = _train(tmp_path / "runs", "rel", data)
+    trained = json.loads((run / "results.json").read_text())
+    (graph / "g" / "test.tsv").write_text("".join(lines[-40:-30]))  # another test split here
+    for where in (graph, tmp_path):  # and nothing under those names here
+        monkeypatch.chdir(where)
+        code, out, err = _run(["evaluate", str(run), "--json"], capsys)
+        assert code == 0, err
+        got = json.loads(out)
+        assert got["triples"] == trained["triples"] == 40
+        assert got["mrr"] == pytest.approx(trained["mrr"], abs=1e-12)
+
+
 # -- checkpoints --------------------------------------------------------------------------------------
 def test_evaluate_and_export_a_checkpoint(
     umls_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]

@@ -180,8 +180,8 @@ def evaluate_run(
     checkpoint: CheckpointChoice = None,
     candidates: int | Literal["all"] | None = None,
 ) -> dict[str, Any]:
-    """Re-read a run's data and evaluate its model on ``split`` (``valid`` or ``test``): the
-    final model, or that of a committed checkpoint (then ``checkpoint_epoch`` says which).
+    """Evaluate a run's model on ``split`` (``valid`` or ``test``) of the triples it staged:
+    the final model, or that of a committed checkpoint (then ``checkpoint_epoch`` says which).
     ``candidates``: ``k`` per-query candidates (the OGB-style protocol) or ``"all"`` entities
     instead of the run's own ``evaluation.candidates`` or ``data.candidates``."""
     if batch_size is not None and batch_size < 1:
@@ -189,15 +189,20 @@ def evaluate_run(
     if isinstance(candidates, int) and candidates < 1:
         raise RunError(f"candidates must be a positive number or 'all', not {candidates}")
     run = load_run(url, storage_options, checkpoint=checkpoint)
-    # the triples are read again (the filter); the candidates are the run's staged ones
-    dataset = load_dataset(run.config.data.model_copy(update={"candidates": None}))
-    if dataset.vocab != run.vocab:
-        raise RunError(
-            f"{url}: the data now at the configured paths does not match the run's vocabulary "
-            f"(entities {dataset.num_entities} vs {run.vocab.num_entities}); it has changed since "
-            "training"
-        )
-    triples = dataset.valid if split == "valid" else dataset.test
+    if run.store.exists(DATA) and run.store.exists(MANIFEST):
+        # the triples the run trained and was tested on, wherever the data paths point now
+        # (relative ones depend on the working directory; a file may have changed since)
+        train, valid, test = (t.long() for t in known_triples(run.store))
+    else:  # its staged data removed (a search's trimmed trial): read again, checked
+        dataset = load_dataset(run.config.data.model_copy(update={"candidates": None}))
+        if dataset.vocab != run.vocab:
+            raise RunError(
+                f"{url}: the data now at the configured paths does not match the run's "
+                f"vocabulary (entities {dataset.num_entities} vs {run.vocab.num_entities}); it "
+                "has changed since training"
+            )
+        train, valid, test = dataset.train, dataset.valid, dataset.test
+    triples = valid if split == "valid" else test
     if triples.numel() == 0:
         raise RunError(f"{url}: the run has no {split} split")
     cfg = run.config
@@ -209,9 +214,7 @@ def evaluate_run(
         changes["sampled"] = None  # validation only; the two exclude each other
     if changes:
         cfg = cfg.model_copy(update={"evaluation": cfg.evaluation.model_copy(update=changes)})
-    index = FilterIndex.from_triples(
-        [dataset.train, dataset.valid, dataset.test], dataset.num_relations
-    )
+    index = FilterIndex.from_triples([train, valid, test], run.vocab.num_relations)
     if candidates is None:
         chosen = staged_candidates(run.store, cfg, split)
     else:  # drawn (evaluation.candidates: k) or all entities, not the run's files
