@@ -55,6 +55,14 @@ def test_a_config_is_shown_resolved(capsys: pytest.CaptureFixture[str]) -> None:
     shown = yaml.safe_load(capsys.readouterr().out)
     assert shown["model"]["dim"] == 64 and shown["checkpoint"]["keep_last"] == 3
     assert main(["config", "-c", cfg, "--set", "model.dim=x"]) == 2
+    capsys.readouterr()
+    # an option that does not apply is a one-line error, not ignored
+    for argv, said in ((["--defaults", "--set", "model.dim=3"], "--set overrides a value"),
+                       (["-c", cfg, "model"], "narrows --defaults only"),
+                       (["--schema", "model"], "narrows --defaults only")):  # fmt: skip
+        assert main(["config", *argv]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

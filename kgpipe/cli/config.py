@@ -88,7 +88,12 @@ def _commented_yaml(keys: list[Key]) -> str:
 def run(args: argparse.Namespace, console: Console) -> int:
     from kgpipe.config import RunConfig, config_to_yaml, load_config
     from kgpipe.config.keys import config_keys
+    from kgpipe.errors import ConfigError
 
+    if args.set and args.config is None:  # not ignored: the user meant something by it
+        raise ConfigError("--set overrides a value of a config file: give the file with -c")
+    if args.key and not args.defaults:
+        raise ConfigError(f"a key to start with ({args.key!r}) narrows --defaults only")
     if args.schema:
         print(json.dumps(RunConfig.model_json_schema(), indent=2))
         return 0
@@ -102,7 +107,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
     keys = [k for k in config_keys() if not args.key or k.path.startswith(args.key)]
     if not keys:
         from kgpipe.config.keys import suggest_key
-        from kgpipe.errors import ConfigError
 
         close = suggest_key(args.key)
         hint = f"; did you mean {close}?" if close else ""
