@@ -269,6 +269,7 @@ def test_config_paths_and_set_values_that_cannot_be_read(
         ("training.precision=fp16", "training.precision"),
         ("training.schedule=plateau evaluation.every=0", "plateau needs evaluation.every > 0"),
         ("training.plateau.factor=2", "training.plateau.factor"),
+        ("evaluation.patience=2 checkpoint.keep_best=false", "keep_best=false with evaluation"),
         (
             "training.schedule=plateau evaluation.patience=3",
             "evaluation.patience (3) must exceed training.plateau.patience + 1 (3)",
