@@ -12,9 +12,8 @@ their checksums (:mod:`kgpipe.checksums`); incomplete or corrupt ones are skippe
 Committed manifests are never overwritten; retention removes a manifest first, so a
 half-deleted checkpoint is an uncommitted one.
 
-A sharded run's ranks each write their shards' file, and rank 0 commits the manifest listing
-them all (:mod:`kgpipe.sharded_tensors`). Tensors are stored with safetensors (no pickle);
-everything else is JSON.
+A sharded run's ranks each write their shards' file; rank 0 commits the manifest listing them all
+(:mod:`kgpipe.sharded_tensors`). Tensors are stored with safetensors (no pickle); the rest is JSON.
 """
 
 from __future__ import annotations
@@ -39,12 +38,7 @@ from kgpipe.errors import CheckpointError
 from kgpipe.sharded_tensors import SHARD_PREFIX, assemble_shards
 from kgpipe.storage import Store
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointStore",
-    "TrainState",
-    "is_optimiser_state",
-]
+__all__ = ["Checkpoint", "CheckpointStore", "TrainState", "is_optimiser_state"]
 
 log = logging.getLogger("kgpipe.checkpoint")
 
@@ -299,12 +293,19 @@ class CheckpointStore:
     def _uncommit_after(self, start: int) -> None:
         for epoch in self.epochs():  # an unreadable manifest too: it would block the epoch
             manifest = f"{_dir(epoch)}/manifest.json"
-            if epoch > start and self.store.exists(manifest):
-                rel = f"{_dir(epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
-                self.store.write_bytes(rel, self.store.read_bytes(manifest))  # as it was
-                self.store.remove(manifest, recursive=False)
-                said = "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)"
-                log.warning(said, epoch, self.store.url_of(rel))
+            if epoch <= start or not self.store.exists(manifest):
+                continue
+            data = self.store.read_bytes(manifest)
+            try:  # a newer kgpipe's manifest is not ours to set aside (its save refuses)
+                if json.loads(data).get("format") not in READABLE:
+                    continue
+            except (ValueError, UnicodeDecodeError, AttributeError):
+                pass  # empty, cut short, not an object: unreadable
+            rel = f"{_dir(epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
+            self.store.write_bytes(rel, data)  # as it was
+            self.store.remove(manifest, recursive=False)
+            said = "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)"
+            log.warning(said, epoch, self.store.url_of(rel))
 
     def load(self, ckpt: Checkpoint) -> TrainState:
         with self.verified_files(ckpt) as paths:

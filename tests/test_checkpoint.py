@@ -309,6 +309,20 @@ def test_resume_goes_past_an_unreadable_manifest(tmp_path: Path) -> None:
     assert sorted(_manifests(tmp_path / "u")) == [1, 2, 3, 4]
 
 
+def test_a_newer_kgpipes_manifest_is_left_as_it_is(tmp_path: Path) -> None:
+    """Only an unreadable manifest is set aside on resume; one of a format this kgpipe does not
+    know (a newer kgpipe's) is skipped but kept, and its epoch is not committed over."""
+    store = CheckpointStore(Store(str(tmp_path)))
+    for epoch, text in ((2, json.dumps({"format": "kgpipe-checkpoint/9", "epoch": 2})), (3, "{")):
+        (tmp_path / "checkpoints" / f"epoch-{epoch:06d}").mkdir(parents=True)
+        (tmp_path / "checkpoints" / f"epoch-{epoch:06d}" / "manifest.json").write_text(text)
+    assert store.resume_checkpoint() is None
+    assert (tmp_path / "checkpoints" / "epoch-000002" / "manifest.json").exists()
+    assert not (tmp_path / "checkpoints" / "epoch-000003" / "manifest.json").exists()
+    aside = list((tmp_path / "checkpoints" / "epoch-000003").glob("corrupt-*.json"))
+    assert [p.read_text() for p in aside] == ["{"]
+
+
 def test_resume_refuses_a_changed_config(tmp_path: Path) -> None:
     train(_config(str(tmp_path), "a", training={"epochs": 1}))
     with pytest.raises(

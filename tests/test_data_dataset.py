@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import logging
 import random
 import shutil
 import uuid
@@ -292,7 +293,7 @@ def test_load_csv_with_header_and_compression(tmp_path: Path) -> None:
 @pytest.mark.parametrize("blank", ["\t", "\t\t", "\t\t\t", " \t ", "   "])
 @pytest.mark.parametrize("reader", ["columnar", "line parser"])
 def test_a_line_of_only_whitespace_is_blank_however_many_delimiters_it_has(
-    tmp_path: Path, blank: str, reader: str
+    tmp_path: Path, blank: str, reader: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Two tabs split into three (empty) fields: such a line (an empty row of a spreadsheet's
     export) was "empty head field" while one or three tabs were skipped as blank."""
@@ -303,8 +304,13 @@ def test_a_line_of_only_whitespace_is_blank_however_many_delimiters_it_has(
         load_dataset(DataConfig(train=str(train), **columns))
     assert str(info.value).startswith(f"{train}, line 4: empty head field"), info.value
     train.write_text(f"a\tr\tb\n{blank}\nb\tr\tc\n", encoding="utf-8")
-    ds = load_dataset(DataConfig(train=str(train), **columns))
+    with caplog.at_level(logging.WARNING, logger="kgpipe"):
+        ds = load_dataset(DataConfig(train=str(train), memory_budget="64MiB", **columns))
     assert labelled(ds, "train") == [("a", "r", "b"), ("b", "r", "c")]
+    # the columnar reader skips it itself (the line parser, which it gives a file it cannot
+    # take, holds the whole file: under a memory budget it says so)
+    said = "read by the line parser, which holds whole files in memory" in caplog.text
+    assert said is (reader == "line parser"), caplog.text
     spaced = tmp_path / "spaced.tsv"  # the same with a space as the delimiter
     spaced.write_text("a r b\n  \nb r c\n", encoding="utf-8")
     ds = load_dataset(DataConfig(train=str(spaced), delimiter=" ", **columns))

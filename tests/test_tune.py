@@ -548,25 +548,33 @@ def test_trial_past_its_time_limit_is_pruned_with_what_it_validated(tmp_path: Pa
 def test_a_trial_whose_folder_another_writer_holds_waits_for_it_then_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A trial resubmitted while its run folder is still held (the task of a killed search
-    that an external cluster's worker keeps running, or one a dead host held) waits for the
-    lease to be released or to expire, then trains from the folder, instead of failing at
-    once on "another writer is using this run folder"."""
+    """A trial resubmitted while its run folder is still held by itself (the task of a killed
+    search that an external cluster's worker keeps running, or one a dead host held) waits for
+    the lease to be released or to expire, then trains from the folder, instead of failing at
+    once on "another writer is using this run folder"; any other writer fails it at once."""
     from kgpipe.runs.lease import RunLease
     from kgpipe.storage import Store
     from kgpipe.tune import trial as trial_module
 
     monkeypatch.setattr(trial_module, "_BUSY_WAIT_S", 0.2)
     config = base_config(run={"root": str(tmp_path), "name": "t"}, training={"epochs": 2})
-    held = RunLease(Store(str(tmp_path / "t")), ttl_s=3.0, holder="the first attempt")
-    held.acquire()  # never renewed: it expires 3 s from now
     storage = f"sqlite:///{tmp_path}/x.db"
     trial = optuna.create_study(study_name="s", storage=storage).ask()
     spec = TrialSpec(trial.number, trial._trial_id, config.model_dump(mode="json"), "s", storage)
+    # another writer (not this trial): refused at once, as any run is
+    other = RunLease(Store(str(tmp_path / "t")), ttl_s=60.0, holder="kgpipe train")
+    other.acquire()
+    out = run_trial(spec)
+    assert out.state == "fail" and "another writer is using this run folder" in (out.error or "")
+    other.release()
+    # this very trial, still running elsewhere: waited for
+    holder = "trial 0 of study s (kgpipe.pipeline.train)"  # as a trial's train() names itself
+    held = RunLease(Store(str(tmp_path / "t")), ttl_s=3.0, holder=holder)
     t0 = time.monotonic()
+    held.acquire()  # never renewed: it expires 3 s from now
     out = run_trial(spec)
     assert out.state == "complete", out.error
-    assert time.monotonic() - t0 >= 2.5  # it waited for the lease to expire
+    assert time.monotonic() - t0 >= 3.0  # it waited for the lease to expire
     assert [h["epoch"] for h in out.history] == [1, 2]
 
 

@@ -79,7 +79,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
 
     progress = None if args.quiet else TrainProgress(console)
     callbacks: list[Callback] = [] if progress is None else [progress]
-    log = None if args.quiet else console.log
+    log = None if args.quiet else (lambda m: console.log(escape(m), highlight=False))
     t0 = time.perf_counter()
     who = _orchestrator(args)
     try:

@@ -78,15 +78,6 @@ class RunConfig(Frozen):
         return self
 
     @model_validator(mode="after")
-    def _best_kept(self) -> RunConfig:
-        if self.evaluation.patience and not self.checkpoint.keep_best:
-            raise ValueError(
-                "checkpoint.keep_best=false with evaluation.patience: under early stopping the "
-                "run's model is its best validated checkpoint, which retention would remove"
-            )
-        return self
-
-    @model_validator(mode="after")
     def _precision(self) -> RunConfig:
         if self.training.precision == "bf16" and not INTERACTIONS.get(self.model.name).bilinear:
             bilinear = " and ".join(n for n in INTERACTIONS if INTERACTIONS.get(n).bilinear)

@@ -185,13 +185,14 @@ def _read_batches(
         except pa.ArrowInvalid:  # a wrong field count, invalid UTF-8
             raise Fallback(url) from None
         h, r, t = (batch.column(i) for i in range(3))
-        comment = pc.starts_with(h, "#")
-        if pc.any(comment).as_py():  # a `#` line that happens to have three fields
-            keep = pc.invert(comment)
-            h, r, t = (pc.filter(x, keep) for x in (h, r, t))
-        for col in (h, r, t):
-            if pc.any(pc.or_(pc.equal(pc.utf8_length(col), 0), pc.utf8_is_space(col))).as_py():
-                raise Fallback(url)
+        blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in (h, r, t)]
+        # a `#` line that happens to have three fields, or one of only delimiters and spaces
+        drop = pc.or_(pc.starts_with(h, "#"), pc.and_(pc.and_(blank[0], blank[1]), blank[2]))
+        if pc.any(drop).as_py():
+            keep = pc.invert(drop)
+            h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))
+        if any(pc.any(b).as_py() for b in blank):  # an empty or blank field: the line parser's
+            raise Fallback(url)
         yield h, r, t
 
 

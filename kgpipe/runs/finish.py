@@ -24,7 +24,13 @@ from kgpipe.process import ThreadGovernor, configure
 from kgpipe.query_candidates import Candidates
 from kgpipe.runs.folder import EMBEDDINGS, RESULTS, VOCAB, RunFolder, StagedData
 
-__all__ = ["chosen_checkpoint", "evaluation_protocol", "finish_run", "test_results"]
+__all__ = [
+    "best_verified",
+    "chosen_checkpoint",
+    "evaluation_protocol",
+    "finish_run",
+    "test_results",
+]
 
 Evaluator = Callable[..., dict[str, Any]]
 
@@ -147,6 +153,14 @@ def finish_run(
     )  # fmt: skip
 
 
+def best_verified(checkpoints: CheckpointStore, *, verify: bool = True) -> Checkpoint | None:
+    """The committed checkpoint with the best validation MRR (the earliest on ties) whose files
+    verify: a corrupt one gives way to the next best (``verify=False``: the best, not read)."""
+    scored = [c for c in checkpoints.committed() if c.valid_mrr is not None]
+    ranked = sorted(scored, key=lambda c: (-float(c.valid_mrr or 0), c.epoch))
+    return next((c for c in ranked if not verify or checkpoints.verify(c)), None)
+
+
 def chosen_checkpoint(
     run: RunFolder, checkpoints: CheckpointStore | None = None, *, verify: bool = True
 ) -> Checkpoint | None:
@@ -156,11 +170,7 @@ def chosen_checkpoint(
     committed one, its files not read)."""
     checkpoints = checkpoints or run.checkpoints()
     config = run.config
-    chosen = None
-    if config.evaluation.patience:
-        scored = [c for c in checkpoints.committed() if c.valid_mrr is not None]
-        ranked = sorted(scored, key=lambda c: (-float(c.valid_mrr or 0), c.epoch))
-        chosen = next((c for c in ranked if not verify or checkpoints.verify(c)), None)
+    chosen = best_verified(checkpoints, verify=verify) if config.evaluation.patience else None
     if chosen is None and not verify:
         return next(iter(reversed(checkpoints.committed())), None)
     if chosen is None:

@@ -44,7 +44,11 @@ LEASE = "lease"
 
 
 class RunFolderBusy(RunError):
-    """Another writer holds the run folder's lease, and it has not expired."""
+    """Another writer (``holder``, as it named itself) holds the run folder's live lease."""
+
+    def __init__(self, message: str, holder: str) -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 class LeaseLost(Fenced):
@@ -156,7 +160,8 @@ class RunLease:
                         f"{describe_holder(current, now)}. Two writers of one run folder "
                         "would overwrite each other; wait for it to finish (or, if it died, "
                         f"run again after its lease expires in {ttl - age:.0f} s), or choose "
-                        "another run.name"
+                        "another run.name",
+                        str(current.get("holder", "")),
                     )
                 elif not current.get("released"):
                     log.warning(

@@ -21,7 +21,7 @@ from kgpipe.export import load_model
 from kgpipe.model_file import map_checkpoint, map_stored
 from kgpipe.models.model import KGEModel, spec_from_config
 from kgpipe.query_candidates import QueryCandidates
-from kgpipe.runs.finish import test_results
+from kgpipe.runs.finish import best_verified, test_results
 from kgpipe.runs.folder import (
     CONFIG,
     DATA,
@@ -146,7 +146,7 @@ def select_checkpoint(
     if which == "latest":
         return committed[-1]
     if which == "best":
-        best = checkpoints.best()
+        best = best_verified(checkpoints)  # a corrupt best gives way to the next (warned)
         if best is None:
             raise RunError(
                 f"{url}: no committed checkpoint has a validation MRR (no validation ran: "

@@ -72,6 +72,16 @@ def run_lease(config: RunConfig, *, holder: str) -> RunLease:
     return RunLease(store, ttl_s=config.fault_tolerance.lease_ttl_s, holder=holder)
 
 
+def _check_trainable(config: RunConfig) -> None:
+    """What a run may not train with, refused where it starts or resumes, not wherever a
+    config is read: a finished run that has it is still read (evaluate, predict, export)."""
+    if config.evaluation.patience and not config.checkpoint.keep_best:
+        raise ConfigError(
+            "checkpoint.keep_best=false with evaluation.patience: under early stopping the "
+            "run's model is its best validated checkpoint, which retention would remove"
+        )
+
+
 def preflight(
     config: RunConfig, *, overwrite: bool = False, resume: bool = False, keep: bool = False
 ) -> RunConfig:
@@ -81,6 +91,7 @@ def preflight(
     the run's epoch target: :mod:`kgpipe.runs.resume`). ``keep``: the parsed graph is kept for
     the :func:`prepare_run` that follows in this process, which then does not read the files
     again unless they changed (:mod:`kgpipe.runs.parsed`)."""
+    _check_trainable(config)
     config = config.with_run_name()
     store = run_store(config)
     exists = store.exists(CONFIG)
@@ -117,6 +128,7 @@ def prepare_run(
     Bad input raises a :class:`~kgpipe.errors.KgpipeError` before anything is written.
     """
     say = log or (lambda _msg: None)
+    _check_trainable(config)
     config = config.with_run_name()
     store = run_store(config)
     exists = store.exists(CONFIG)

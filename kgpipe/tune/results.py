@@ -261,7 +261,7 @@ def _summarize(
         best, value = found
         config = best_config(folder, best)
         # where the trial trained, in this folder (it may have moved since: not the URL stored)
-        run = str(folder.trial_path(best.number)) if best.user_attrs.get("run") else None
+        run = str(folder.trial_path(best.number).resolve()) if best.user_attrs.get("run") else None
         folder.write_text(
             "best.yaml",
             f"# best trial {best.number} of study {folder.name}: "

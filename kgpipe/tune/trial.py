@@ -9,6 +9,7 @@ that the study records the trial as failed and goes on.
 
 from __future__ import annotations
 
+import logging
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from kgpipe.runs.lease import RunFolderBusy
 from kgpipe.training.hooks import Callback, TrainerView
 
 __all__ = ["TrialOutcome", "TrialSpec", "run_trial"]
+
+log = logging.getLogger("kgpipe.tune")
 
 _BUSY_WAIT_S = 5.0  # between looks at a trial's run folder that another writer holds
 
@@ -153,21 +156,22 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
 
         limit = spec.pruner.get("trial_timeout_s")
         callbacks = [_Deadline(float(limit))] if limit else []
+        holder, waited = f"trial {spec.number} of study {spec.study_name}", False
         while True:
             try:
-                result = train(
-                    config,
-                    resume=True,
-                    stop=stop,
-                    callbacks=callbacks,
-                    holder=f"trial {spec.number} of study {spec.study_name}",
-                )
+                result = train(config, resume=True, stop=stop, callbacks=callbacks, holder=holder)
                 break
-            except RunFolderBusy:
-                # the trial still trains elsewhere: a worker of a cluster that outlived a
+            except RunFolderBusy as err:
+                # this trial still trains elsewhere: a worker of a cluster that outlived a
                 # killed search (Dask cannot stop a running task), or one another host ran
                 # before it died (its lease expires in fault_tolerance.lease_ttl_s). Going on
-                # when it ends (or expires) repeats nothing: the run resumes from its folder
+                # when it ends (or expires) repeats nothing: the run resumes from its folder.
+                # Any other writer is an error, as for any run
+                if not err.holder.startswith(holder + " "):
+                    raise
+                if not waited:
+                    log.warning("%s; waiting for it to end (this trial goes on from there)", err)
+                waited = True
                 time.sleep(_BUSY_WAIT_S)
     except TrialTimedOut as err:  # pruned by the clock: scored by what it validated so far
         named = config.with_run_name()
