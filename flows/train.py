@@ -148,15 +148,14 @@ def _train_and_finish(
                 )
             )
             address, dashboard = str(client.scheduler.address), str(client.dashboard_link)
-        state = {"restarts": 0, "segments": 0}
+        last: list[SegmentResult] = []  # the segment before, whose launcher said what trains
 
         def segment(until: int) -> SegmentResult:
             result = train_segment(
-                run, until, address, state["restarts"], progress,
-                callbacks=callbacks, metrics_id=metrics, announce=not state["segments"],
+                run, until, address, last[-1].restarts if last else 0, progress,
+                callbacks=callbacks, metrics_id=metrics, after=last[-1] if last else None,
             )  # fmt: skip
-            state["restarts"] = result.restarts
-            state["segments"] += 1
+            last[:] = [result]
             return result
 
         history, restarts = drive_segments(run, segment, log=logger.info)

@@ -24,7 +24,7 @@ from kgpipe.launch.dask import DaskLauncher, open_run_cluster
 from kgpipe.launch.in_process import InProcessLauncher
 from kgpipe.runs.finish import finish_run
 from kgpipe.runs.folder import RunFolder
-from kgpipe.runs.segments import drive_segments
+from kgpipe.runs.segments import SegmentResult, drive_segments
 from kgpipe.runs.stage import prepare_run, run_lease
 from kgpipe.tracking import check_tracking, track_run
 from kgpipe.training.hooks import Callback
@@ -54,11 +54,11 @@ def make_launcher(
     rank_callbacks: Sequence[Callback] = (),
     log: Log | None = None,
     restarts: int = 0,
-    announce: bool = True,
+    after: SegmentResult | None = None,
 ) -> Launcher:
     """The launcher of ``run``: a gang on ``client``'s cluster when the config trains on Dask
-    (``distributed.uses_dask``), else this process. ``announce``: log what trains and where
-    (false for a segment that goes on from a segment of the same command)."""
+    (``distributed.uses_dask``), else this process. It logs what trains and where, unless it
+    goes on ``after`` a segment of the same command (then only what changed since)."""
     if run.config.distributed.uses_dask:
         if client is None:
             raise ValueError("a Dask run needs the client of its cluster")
@@ -69,10 +69,10 @@ def make_launcher(
             rank_callbacks=rank_callbacks,
             log=log,
             restarts=restarts,
-            announce=announce,
+            after=after,
         )
     return InProcessLauncher(
-        run, callbacks=callbacks, rank_callbacks=rank_callbacks, log=log, announce=announce
+        run, callbacks=callbacks, rank_callbacks=rank_callbacks, log=log, after=after
     )
 
 

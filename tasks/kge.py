@@ -120,21 +120,19 @@ def train_segment(
     progress_id: Any = None,
     callbacks: Sequence[Callback] = (),
     metrics_id: Any = None,
-    announce: bool = True,
+    after: SegmentResult | None = None,
 ) -> SegmentResult:
     """Train from the latest committed checkpoint to epoch ``until`` (a gang on the cluster at
     ``address``, relaunched from checkpoints after faults; else in this process); the
     segment's last epoch is committed. ``callbacks`` are the caller's (the CLI's progress).
     The run's metrics table (``metrics_id``, from :func:`new_metrics_table`; a new one
-    without) then shows every epoch so far. ``announce``: log what trains and where (the
-    flow's first segment; a later one logs only what changed, such as a gang's restart)."""
+    without) then shows every epoch so far. What trains and where is logged by the flow's first
+    segment; one that goes on ``after`` another logs only what changed (a gang's restart)."""
     logger = get_run_logger()
     ours: list[Callback] = [_PrefectProgress(progress_id, run.config.training.epochs)]
     before = {c.epoch for c in run.checkpoints().committed()}
     if address is None:
-        launcher = make_launcher(
-            run, callbacks=[*ours, *callbacks], log=logger.info, announce=announce
-        )
+        launcher = make_launcher(run, callbacks=[*ours, *callbacks], log=logger.info, after=after)
         try:
             result = launcher.train_until(until)
         finally:
@@ -147,7 +145,7 @@ def train_segment(
                 callbacks=[*ours, *callbacks],
                 log=logger.info,
                 restarts=restarts,
-                announce=announce,
+                after=after,
             )
             result = launcher.train_until(until)
     if result.restarts > restarts:

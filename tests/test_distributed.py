@@ -396,3 +396,27 @@ def test_a_heartbeat_that_meets_a_closing_cluster_is_not_logged() -> None:
         assert not quiet.filter(record)
     finally:
         dask_client._closing.clear()
+
+
+def test_a_segment_after_another_on_fewer_workers_is_quiet(tmp_path: Path) -> None:
+    """The flow trains each segment with its own launcher: one going on after a segment that
+    said the gang runs on fewer workers than configured does not say it again (it compared
+    with the configured workers and repeated the line at every segment)."""
+    from kgpipe.pipeline import make_launcher
+    from kgpipe.runs.stage import prepare_run
+
+    data = {**BASE, "run": {**BASE["run"], "root": str(tmp_path), "name": "fewer"},
+            "model": {"name": "complex", "dim": 8}, "training": {"epochs": 2},
+            "evaluation": {"test": False, "every": 1}, "distributed": {"workers": 2}}  # fmt: skip
+    run = prepare_run(parse_config(data))
+    said: list[str] = []
+    with open_cluster("local", workers=1, threads_per_worker=1) as client:
+        first = make_launcher(run, client=client, log=said.append).train_until(1)
+        assert [s for s in said if "Dask worker(s)" in s] == [
+            "epochs 1..2 on 1 Dask worker(s) (sync=step)"
+        ], said
+        assert first.announced == (1, 0, True)
+        second = make_launcher(run, client=client, log=said.append, after=first)
+        assert second.train_until(2).epoch == 2
+    lines = [s for s in said if "Dask worker(s)" in s]
+    assert lines == ["epochs 1..2 on 1 Dask worker(s) (sync=step)"], said

@@ -50,14 +50,10 @@ def open_run_cluster(
     """The Dask cluster of ``config`` (``distributed``), for the length of a ``with`` block."""
     dcfg = config.distributed
     with open_cluster(
-        dcfg.cluster,
-        workers=dcfg.workers,
-        threads_per_worker=dcfg.threads_per_worker,
-        worker_ttl_s=config.fault_tolerance.worker_ttl_s,
-        extra_env=extra_env,
-        memory_limit=dcfg.memory_limit_bytes,
-        log=log,
-    ) as client:
+        dcfg.cluster, workers=dcfg.workers, threads_per_worker=dcfg.threads_per_worker,
+        worker_ttl_s=config.fault_tolerance.worker_ttl_s, extra_env=extra_env,
+        memory_limit=dcfg.memory_limit_bytes, log=log,
+    ) as client:  # fmt: skip
         yield client
 
 
@@ -145,15 +141,16 @@ class DaskLauncher:
         rank_callbacks: Sequence[Callback] = (),
         log: Callable[[str], None] | None = None,
         restarts: int = 0,
-        announce: bool = True,
+        after: SegmentResult | None = None,
     ) -> None:
         self.run, self.client, self.writer = run, client, MetricsWriter(run.store)
         self.callbacks: list[Callback] = [self.writer, *callbacks]
         self.rank_callbacks = tuple(rank_callbacks)
         self.say = log or (lambda _msg: None)
         self._restarts = restarts
-        # (workers, restarts, background commits) as last said: a segment going on alike is quiet
-        self._said = None if announce else (run.config.distributed.workers, restarts, True)
+        # (workers, restarts, background commits) as said last, here or ``after``: alike is quiet
+        said = (run.config.distributed.workers, restarts, True)
+        self._said = None if after is None else after.announced or said
 
     @property
     def restarts(self) -> int:
@@ -168,7 +165,8 @@ class DaskLauncher:
         if not committed or committed[-1].epoch != until:
             raise RunError(f"{self.run.url}: training to epoch {until} left no checkpoint of it")
         ckpt = committed[-1]
-        return SegmentResult(until, ckpt.url, list(ckpt.manifest["history"]), self._restarts)
+        history = [*ckpt.manifest["history"]]
+        return SegmentResult(until, ckpt.url, history, self._restarts, announced=self._said)
 
     def _train(self, until: int) -> None:
         """Train to epoch ``until`` from the latest committed checkpoint; rank 0 commits.

@@ -30,11 +30,12 @@ class InProcessLauncher:
         callbacks: Sequence[Callback] = (),
         rank_callbacks: Sequence[Callback] = (),
         log: Callable[[str], None] | None = None,
-        announce: bool = True,
+        after: SegmentResult | None = None,
     ) -> None:
         self.run = run
-        self.announce = announce  # say what trains when a trainer is built (a segment's own
-        # launcher, after the first, need not: the trainer is the same as before)
+        # say what trains when a trainer is built; a launcher that goes on ``after`` a segment
+        # of the same command need not: the trainer is the same as before
+        self.announce = after is None
         self.callbacks = list(callbacks)
         self.rank_callbacks = list(rank_callbacks)
         self.say = log or (lambda _msg: None)

@@ -32,6 +32,9 @@ class SegmentResult:
     checkpoint: str
     history: list[dict[str, Any]]
     restarts: int
+    # what a gang's launcher last said of it (workers, restarts, background commits): the next
+    # segment's launcher says only what differs
+    announced: tuple[int, int, bool] | None = None
 
 
 def validation_due(epoch: int, every: int, last: int) -> bool:
