@@ -317,6 +317,22 @@ def test_a_line_of_only_whitespace_is_blank_however_many_delimiters_it_has(
     assert labelled(ds, "train") == [("a", "r", "b"), ("b", "r", "c")]
 
 
+@pytest.mark.parametrize("blank", [",,", ", ,", ",,,,", " "])
+@pytest.mark.parametrize("suffix", [".csv", ".tsv"])
+def test_a_row_of_only_commas_is_blank(tmp_path: Path, blank: str, suffix: str) -> None:
+    """An empty spreadsheet row exported as CSV (``,,``) is a blank line, as two tabs are in
+    a TSV file (it was "empty head field"), in the CSV reader and with a comma delimiter."""
+    train = tmp_path / f"train{suffix}"
+    train.write_text(f"a,r,b\n{blank}\nb,r,c\n", encoding="utf-8")
+    ds = load_dataset(DataConfig(train=str(train), delimiter=","))
+    assert labelled(ds, "train") == [("a", "r", "b"), ("b", "r", "c")]
+    assert ds.reports["train"].lines == 2
+    train.write_text(f"a,r,b\n{blank}\n,r,c\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:  # a row with one empty field is still refused
+        load_dataset(DataConfig(train=str(train), delimiter=","))
+    assert str(info.value).startswith(f"{train}, line 3: empty head field"), info.value
+
+
 def test_load_ntriples_literals(tmp_path: Path) -> None:
     nt = tmp_path / "g.nt"
     nt.write_text(

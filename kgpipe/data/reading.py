@@ -25,7 +25,7 @@ from kgpipe.data.columnar import (
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
-from kgpipe.data.formats.text import describe_delimiter
+from kgpipe.data.formats.text import describe_delimiter, skipped_line
 from kgpipe.data.io import Fallback, opened, read_bytes, reading_errors, split_compression
 from kgpipe.data.labels import Labels
 from kgpipe.data.vocab import Vocabulary
@@ -347,7 +347,7 @@ def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: 
             ) from None
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
-        if fields is not None or not line or line[0] == "#" or line.isspace():
+        if fields is not None or skipped_line(line, delimiter):
             continue
         parts = line.split(delimiter)
         if len(parts) != 3:

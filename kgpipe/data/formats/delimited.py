@@ -11,6 +11,7 @@ from kgpipe.data.formats.text import (
     decode,
     describe_delimiter,
     resolve_columns,
+    skipped_line,
     split_lines,
 )
 from kgpipe.errors import DataError
@@ -60,7 +61,7 @@ def _parse_tsv(
     header_line: int | None = None
     if header:
         for i, line in enumerate(lines):
-            if not line or line[0] == "#" or line.isspace():
+            if skipped_line(line, delimiter):
                 continue
             names = line.split(delimiter)
             header_line = i + 1
@@ -89,7 +90,7 @@ def _parse_tsv(
         add_h, add_r, add_t, add_n = heads.append, rels.append, tails.append, nums.append
         for i in range(start, len(lines)):
             line = lines[i]
-            if not line or line[0] == "#" or line.isspace():  # "\t\t" too: a blank line
+            if skipped_line(line, delimiter):
                 continue
             fields = line.split(delimiter)
             if len(fields) != 3:
@@ -109,7 +110,7 @@ def _parse_tsv(
         need = max(idx) + 1
         for i in range(start, len(lines)):
             line = lines[i]
-            if not line or line[0] == "#" or line.isspace():
+            if skipped_line(line, delimiter):
                 continue
             fields = line.split(delimiter)
             if len(fields) < need:
@@ -183,7 +184,7 @@ def _parse_csv(
                 line=first_line,
                 excerpt=lines[min(first_line, last + 1) - 1],
             ) from None
-        if not row or (len(row) == 1 and (not row[0] or row[0].isspace())):
+        if all(not field or field.isspace() for field in row):  # ",," too: a blank line
             continue
         if idx is None:  # the header row
             names = row

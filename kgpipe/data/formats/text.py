@@ -13,6 +13,7 @@ __all__ = [
     "decode",
     "describe_delimiter",
     "resolve_columns",
+    "skipped_line",
     "split_lines",
 ]
 
@@ -52,6 +53,14 @@ def split_lines(text: str) -> list[str]:
     if lines[-1].endswith("\r"):  # a last line cut off between CR and LF
         lines[-1] = lines[-1][:-1]
     return lines
+
+
+def skipped_line(line: str, delimiter: str) -> bool:
+    """A comment, or a blank line: whitespace and delimiters only (an empty spreadsheet row)."""
+    if not line or line[0] == "#":
+        return True
+    first = line[0]
+    return (first == delimiter or first.isspace()) and not line.replace(delimiter, "").strip()
 
 
 def describe_delimiter(delimiter: str, fmt: str) -> str:
