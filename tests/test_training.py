@@ -274,6 +274,61 @@ def test_kvsall_labels_are_all_known_answers() -> None:
     }
 
 
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_kvsall_penalises_the_triples_its_queries_cover(reciprocal: bool) -> None:
+    """KvsAll ignored model.regularizer (an N3 weight of 10 trained the same tables as 0). The
+    penalty is a mean per covered triple: weight * Σ over each query's (anchor, relation,
+    answer) rows / (queries in the global batch * answers per query), here against a brute
+    force over the training triples."""
+    train = _triples(40, 5)
+    cfg = TrainingConfig(mode="kvsall", loss="bce", batch_size=64)
+    weight = 0.3
+
+    def step(w: float) -> tuple[Trainer, dict[str, torch.Tensor]]:
+        reg = RegularizerConfig(type="n3", weight=w)
+        model = _model("distmult", reciprocal)
+        trainer = Trainer(model, train, training=cfg, regularizer=reg, seed=0)
+        queries = torch.arange(len(trainer.strategy.index))  # type: ignore[attr-defined]
+        res = trainer.compute_gradients(queries, None, global_queries=64, global_batch=64)
+        dense = {}
+        for name, g in res.grads.items():
+            dense[name] = torch.zeros_like(trainer.tables[name])
+            dense[name][g.rows] += g.values
+        return trainer, dense
+
+    trainer, plain = step(0.0)
+    _, penalised = step(weight)
+    ent = trainer.tables["entity"].detach().clone().requires_grad_(True)
+    rel = trainer.tables["relation"].detach().clone().requires_grad_(True)
+    triples = {tuple(t) for t in train.tolist()}
+    covered = []  # (anchor, relation row, answer, side) from the distinct triples
+    for h, r, t in sorted(triples):
+        covered.append((h, r, t, 0))
+        covered.append((t, r + NR, h, 0) if reciprocal else (t, r, h, 1))
+    queries = len({(a, r, side) for a, r, _, side in covered})
+    assert queries == len(trainer.strategy.index)  # type: ignore[attr-defined]
+    total = sum(
+        ent[a].abs().pow(3).sum() + rel[r].abs().pow(3).sum() + ent[x].abs().pow(3).sum()
+        for a, r, x, _ in covered
+    )
+    (weight * total / (64 * len(covered) / queries)).backward()
+    assert ent.grad is not None and rel.grad is not None
+    torch.testing.assert_close(penalised["entity"] - plain["entity"], ent.grad)
+    torch.testing.assert_close(penalised["relation"] - plain["relation"], rel.grad)
+
+
+@pytest.mark.parametrize("reciprocal", [False, True])
+def test_rotate_kvsall_trains_when_a_side_has_no_queries(reciprocal: bool) -> None:
+    """With reciprocal relations every KvsAll query is a tail query, and a small last batch
+    may hold one side only: RotatE's compiled path divided by the empty side's size."""
+    model = _model("rotate", reciprocal)
+    assert model.interaction.compiled  # type: ignore[attr-defined]
+    cfg = TrainingConfig(mode="kvsall", loss="bce", batch_size=7, epochs=1)
+    trainer = Trainer(model, _triples(40, 5), training=cfg, regularizer=RegularizerConfig(), seed=0)
+    trainer.fit()
+    assert torch.isfinite(trainer.tables["entity"]).all()
+
+
 @pytest.mark.parametrize(
     "mode,loss",
     [
@@ -610,3 +665,14 @@ def test_an_int32_permutation_is_the_int64_one_and_leaves_the_generator_alike(n:
     p64 = torch.randperm(n, generator=g64)
     assert p32.dtype == torch.int32 and torch.equal(p32.long(), p64)
     assert torch.equal(torch.rand(5, generator=g32), torch.rand(5, generator=g64))
+
+
+@pytest.mark.parametrize("betas", [(0.9, 1.0), (1.0, 0.999), (-0.1, 0.999)])
+def test_adam_betas_outside_0_1_are_refused(betas: tuple[float, float]) -> None:
+    """β₂ = 1 made Adam's first step 0/0 (NaN rows), β₁ = 1 a ZeroDivisionError: refused where
+    the config is read, as torch.optim.Adam refuses them."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"betas\.[01]"):
+        TrainingConfig(betas=betas)
+    assert TrainingConfig(betas=(0.0, 0.5)).betas == (0.0, 0.5)

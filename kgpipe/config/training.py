@@ -14,6 +14,8 @@ from kgpipe.training.steps import STEPS
 
 __all__ = ["EvaluationConfig", "PlateauConfig", "TrainingConfig"]
 
+_Beta = Annotated[float, Field(ge=0.0, lt=1.0)]  # 1 divides by zero in Adam's bias correction
+
 
 class PlateauConfig(Frozen):
     """``training.schedule: plateau``: cut the learning rate when validation stops improving
@@ -75,7 +77,9 @@ class TrainingConfig(Frozen):
         default="adam", description="Row-wise sparse optimiser (only touched rows change)."
     )
     lr: float = Field(default=1e-3, gt=0.0, description="Peak learning rate.")
-    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="Adam betas.")
+    betas: tuple[_Beta, _Beta] = Field(
+        default=(0.9, 0.999), description="Adam betas, each in [0, 1)."
+    )
     eps: float = Field(default=1e-8, gt=0.0, description="Optimiser epsilon.")
     warmup_steps: int = Field(default=0, ge=0, description="Linear learning-rate warm-up steps.")
     schedule: Annotated[str, Registered(SCHEDULES)] = Field(

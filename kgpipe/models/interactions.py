@@ -362,7 +362,7 @@ class RotatE(Interaction):
         differences in the backward pass instead of keeping them.
         """
         cr, ci = _split(candidates)
-        if self.compiled:
+        if self.compiled and qr.numel() and cr.numel():  # (an empty side: no kernel to run)
             b, n, k = qr.shape[-2], cr.shape[-2], qr.shape[-1]
             groups = max(qr.numel() // (b * k), cr.numel() // (n * k), 1)
             if groups * b * n * k >= COMPILE_MIN_ELEMENTS:

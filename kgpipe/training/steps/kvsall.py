@@ -49,16 +49,27 @@ class KvsAllIndex:
     def __len__(self) -> int:
         return int(self.anchor.shape[0])
 
-    def labels(self, queries: Tensor, num_entities: int) -> Tensor:
-        """Multi-hot targets ``(b, num_entities)`` of the query ids ``queries``."""
+    @property
+    def mean_answers(self) -> float:
+        """The training triples a query covers, on average (at least 1)."""
+        return self.answers.shape[0] / max(len(self), 1)
+
+    def pairs(self, queries: Tensor) -> tuple[Tensor, Tensor]:
+        """``(row, answer)`` of every true answer of the query ids ``queries``: ``row`` is the
+        query's position in ``queries``."""
         start, end = self.offsets[queries], self.offsets[queries + 1]
         counts = end - start
         dev = queries.device
         row = torch.repeat_interleave(torch.arange(queries.shape[0], device=dev), counts)
         pos = torch.repeat_interleave(start - torch.cumsum(counts, 0) + counts, counts)
         pos = pos + torch.arange(row.shape[0], device=dev)
-        out = torch.zeros(queries.shape[0], num_entities, device=dev)
-        out[row, self.answers[pos]] = 1.0
+        return row, self.answers[pos]
+
+    def labels(self, queries: Tensor, num_entities: int) -> Tensor:
+        """Multi-hot targets ``(b, num_entities)`` of the query ids ``queries``."""
+        row, answer = self.pairs(queries)
+        out = torch.zeros(queries.shape[0], num_entities, device=queries.device)
+        out[row, answer] = 1.0
         return out
 
 
@@ -101,6 +112,10 @@ class KvsAll(StepStrategy):
         anchors, rels, sides = idx.anchor[queries], idx.relation[queries], idx.side[queries]
         rel_rows, rel_leaf, rel_inv = kit.gather("relation", rels)
         ent_leaf, rel = ent, rel_leaf
+        penalty = None
+        if kit.regularizer.active:  # on the triples the queries cover, before dropout
+            row, answer = idx.pairs(queries)
+            penalty = kit.regularizer(ent[anchors[row]], rel[rel_inv[row]], ent[answer])
         if kit.dropout is not None:
             ent, rel = kit.dropout.tables(
                 global_step, ent, rel_leaf, rel_rows, tuple(kit.tables["relation"].shape)
@@ -118,7 +133,10 @@ class KvsAll(StepStrategy):
                 )
             ).float()
         loss = kit.loss.against_all(scores, labels).sum()
-        (loss / global_queries).backward()
+        total = loss / global_queries
+        if penalty is not None:  # a mean per covered triple, as the other modes' per positive
+            total = total + penalty / (global_queries * idx.mean_answers)
+        total.backward()
         return StepResult(
             loss_sum=float(loss.detach()),
             queries=int(queries.shape[0]),
