@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def training_lines(result: SynthResult) -> list[str]:
     """The ``--set`` options and the YAML ``data`` section that train on ``result``."""
-    settings = [(split, f) for split, f in result.files.items()]
+    # an empty split's file is no input kgpipe takes ("no triples found"): left out
+    settings = [(split, f) for split, f in result.files.items() if result.triples.get(split, 1)]
     if result.record["format"] == "tsv":
         settings.append(("header", "false"))
     sets = " ".join(f"--set data.{k}={v}" for k, v in settings)

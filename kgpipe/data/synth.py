@@ -111,9 +111,14 @@ class SynthSpec:
             raise ConfigError(f"seed must be an integer, not {self.seed!r}")
         if not 0 <= self.seed < 2**63:
             raise ConfigError(f"seed must be from 0 to 2**63 - 1, not {self.seed}")
-        if self.clusters is not None and not 1 <= self.clusters <= self.entities:
+        if self.clusters is not None and (
+            isinstance(self.clusters, bool)
+            or not isinstance(self.clusters, int)
+            or not 1 <= self.clusters <= self.entities
+        ):
             raise ConfigError(
-                f"clusters must be from 1 to the entities ({self.entities:,}), not {self.clusters}"
+                f"clusters must be an integer from 1 to the entities ({self.entities:,}), "
+                f"not {self.clusters!r}"
             )
         if not 0.0 <= self.noise <= 1.0:
             raise ConfigError(f"noise must be from 0 to 1, not {self.noise}")
@@ -293,6 +298,8 @@ class _Sink:
         if self.done:
             return
         self.done = True
+        if self.parquet is not None:  # its footer is never written: pyarrow would try when the
+            self.parquet.is_open = False  # writer is collected, to the closed file (a traceback)
         if self.tmp is not None:
             with contextlib.suppress(OSError):
                 self.file.close()
