@@ -81,17 +81,29 @@ def relation_labels(vocab: Vocabulary, spec: ModelSpec) -> list[str]:
     return labels
 
 
+_LIST_VALUES_MAX = 2**31 - 1  # the most values one chunk of a list<float> column addresses
+
+
 def table_parquet(
     ids: np.ndarray, labels: list[str], emb: np.ndarray, meta: dict[str, str]
 ) -> bytes:
-    dim = emb.shape[1]
-    flat = pa.array(emb.astype(np.float32, copy=False).reshape(-1), type=pa.float32())
-    offsets = pa.array(np.arange(0, (emb.shape[0] + 1) * dim, dim, dtype=np.int32))
+    dim = max(int(emb.shape[1]), 1)
+    values = emb.astype(np.float32, copy=False)
+    # a list column's offsets are int32: a table of 2**31 floats or more is written in chunks
+    # (one column, the same type and file layout) instead of wrapping them to negative values
+    rows = max(1, (_LIST_VALUES_MAX // dim))
+    chunks = [
+        pa.ListArray.from_arrays(
+            pa.array(np.arange(0, (len(part) + 1) * dim, dim, dtype=np.int32)),
+            pa.array(part.reshape(-1), type=pa.float32()),
+        )
+        for part in (values[lo : lo + rows] for lo in range(0, max(len(values), 1), rows))
+    ]
     table = pa.table(
         {
             "id": pa.array(ids, type=pa.int64()),
             "label": pa.array(labels, type=pa.string()),
-            "embedding": pa.ListArray.from_arrays(offsets, flat),
+            "embedding": pa.chunked_array(chunks, type=pa.list_(pa.float32())),
         }
     ).replace_schema_metadata(meta)
     buf = io.BytesIO()

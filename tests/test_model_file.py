@@ -199,3 +199,28 @@ def test_shards_that_do_not_make_the_model_are_refused_before_anything_is_writte
             _check_parts(spec, good, torch.zeros(4, 3), "ckpt")
         with pytest.raises(CheckpointError, match="the shards hold 3 entity rows"):
             _check_parts(spec, good[:1], relation, "ckpt")
+
+
+def test_an_embedding_table_past_2_31_floats_is_written_in_chunks_of_one_column(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A list column's offsets are int32: at 2**31 floats (11.6M entities at dim 200) they
+    wrapped to negative values and the export failed after training. The column is written in
+    chunks instead, here at 7 floats a chunk: the same table and type as in one piece."""
+    import io
+
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    import kgpipe.export as export
+
+    emb = np.arange(30, dtype=np.float32).reshape(10, 3)
+    labels = [f"e{i}" for i in range(10)]
+    whole = pq.ParquetFile(io.BytesIO(export.table_parquet(np.arange(10), labels, emb, {}))).read()
+    monkeypatch.setattr(export, "_LIST_VALUES_MAX", 7)  # 2 rows a chunk
+    data = export.table_parquet(np.arange(10), labels, emb, {})
+    chunked = pq.ParquetFile(io.BytesIO(data)).read()
+    assert chunked.equals(whole) and chunked.schema == whole.schema
+    assert chunked.column("embedding").to_pylist() == emb.tolist()
+    empty = export.table_parquet(np.arange(0), [], emb[:0], {})
+    assert pq.ParquetFile(io.BytesIO(empty)).read().num_rows == 0
