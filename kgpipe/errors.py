@@ -47,6 +47,11 @@ class Fenced(RunError):
     driver is gone); relaunching it cannot help."""
 
 
+class Diverged(RunError):
+    """Training's loss stopped being a finite number (the tables went to inf or NaN); the same
+    config would diverge again, so it is not retried."""
+
+
 class SearchStopped(RunError):
     """A hyperparameter search stopped because every recent trial failed (a cause they all
     share, such as unreadable data); its study is kept and can be resumed."""

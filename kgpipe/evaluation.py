@@ -127,7 +127,10 @@ def realistic_ranks(
 
     ``(filter_rows, filter_cols)`` are positions of known true answers; they (and the target
     itself) are excluded from the comparison. ``scores`` is modified in place; the index
-    tensors may live on another device than the scores (they are moved).
+    tensors may live on another device than the scores (they are moved). A NaN score is
+    counted against the answer (``~(score <= true)``, here and in every ranking): a NaN
+    candidate is better, a NaN answer is below every column, so a diverged model ranks last
+    rather than first (every comparison with NaN is false, which gave it rank 1).
     """
     dev = scores.device
     targets, filter_rows, filter_cols = targets.to(dev), filter_rows.to(dev), filter_cols.to(dev)
@@ -136,7 +139,7 @@ def realistic_ranks(
     scores[filter_rows, filter_cols] = float("-inf")
     scores[rows, targets] = float("-inf")
     col = true.unsqueeze(1)
-    better = (scores > col).sum(1)
+    better = (~(scores <= col)).sum(1)
     equal = (scores == col).sum(1)
     return 1.0 + better.double() + equal.double() / 2.0
 
@@ -279,7 +282,7 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
         a, z = bounds[k], bounds[k + 1]
         block[f_rows[a:z], f_cols[a:z] - lo] = float("-inf")
         block[mine, cols] = float("-inf")
-        better += (block > col).sum(1)
+        better += (~(block <= col)).sum(1)
         equal += (block == col).sum(1)
     return 1.0 + better.double() + equal.double() / 2.0
 
@@ -368,7 +371,7 @@ def split_block_ranks(
     block[f_rows[keep], f_pos[keep]] = float("-inf")
     block[mine, cols] = float("-inf")
     col = true.unsqueeze(1)
-    counts = torch.stack(((block > col).sum(1), (block == col).sum(1)))
+    counts = torch.stack(((~(block <= col)).sum(1), (block == col).sum(1)))
     dist.all_reduce(counts)
     return 1.0 + counts[0].double() + counts[1].double() / 2.0
 

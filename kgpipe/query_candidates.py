@@ -187,7 +187,7 @@ def count_ranks(scores: Tensor, excluded: Tensor) -> tuple[Tensor, Tensor]:
     score in column 0; ``excluded`` ``(b, k)`` marks candidates that do not count."""
     true = scores[:, :1]
     others = scores[:, 1:].masked_fill(excluded.to(scores.device), float("-inf"))
-    return (others > true).sum(1), (others == true).sum(1)
+    return (~(others <= true)).sum(1), (others == true).sum(1)
 
 
 def ranks(

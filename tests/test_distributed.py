@@ -420,3 +420,15 @@ def test_a_segment_after_another_on_fewer_workers_is_quiet(tmp_path: Path) -> No
         assert second.train_until(2).epoch == 2
     lines = [s for s in said if "Dask worker(s)" in s]
     assert lines == ["epochs 1..2 on 1 Dask worker(s) (sync=step)"], said
+
+
+def test_a_diverged_gang_is_not_relaunched(tmp_path: Path) -> None:
+    """A gang whose loss went to NaN fails once, with the reason: relaunching it from the
+    checkpoint would diverge again."""
+    data = {**BASE, "run": {**BASE["run"], "root": str(tmp_path), "name": "nan"},
+            "model": {"name": "complex", "dim": 8}, "training": {"epochs": 2, "lr": 1e20},
+            "distributed": {"workers": 2},
+            "fault_tolerance": {"max_restarts": 3, "restart_backoff_s": 0.1}}  # fmt: skip
+    with pytest.raises(RunError, match="training diverged") as info:
+        train(parse_config(data))
+    assert "restart" not in str(info.value), info.value

@@ -427,3 +427,34 @@ def test_evaluation_over_a_sharded_table_equals_one_process_exactly(
             assert sharded == one, (block, case)
             assert counted > 0 and fallbacks == 0, (block, case, counted, fallbacks)
             assert math.isfinite(one["mrr"])
+
+
+@pytest.mark.parametrize("block", [None, 5])
+def test_a_diverged_model_ranks_last_not_first(
+    block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every comparison with NaN is false, so a model whose tables had gone to NaN ranked
+    every answer first (MRR 1.0, and the "best" checkpoint of a diverged run). A NaN candidate
+    now counts as better than the answer, and a NaN answer below every column."""
+    import kgpipe.evaluation as ev
+    from kgpipe.query_candidates import count_ranks
+
+    if block is not None:
+        monkeypatch.setattr(ev, "BLOCK", block)
+    model, test, known = _case("distmult", False, False)
+    index = FilterIndex.from_triples(known, model.spec.num_relations)
+    ne = model.spec.num_entities
+    with torch.no_grad():
+        model.entity[3] = float("nan")  # one entity: a candidate better than every answer
+    ref = _brute_force(model, test, known)  # NaN > x is false: the old count
+    got = evaluate(model, test, index)
+    assert got["mrr"] < ref["mrr"] and got["mr"] > ref["mr"]
+    with torch.no_grad():
+        model.entity.fill_(float("nan"))
+    for result in (evaluate(model, test, index), evaluate(model, test, index, sampled=5)):
+        assert result["mrr"] < 2.0 / 5, result
+    assert evaluate(model, test, index)["mr"] >= ne
+    nan = float("nan")
+    better, equal = count_ranks(torch.tensor([[nan, 1.0, 2.0], [1.0, nan, 0.5]]),
+                                torch.zeros(2, 2, dtype=torch.bool))  # fmt: skip
+    assert better.tolist() == [2, 1] and equal.tolist() == [0, 0]

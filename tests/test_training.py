@@ -676,3 +676,16 @@ def test_adam_betas_outside_0_1_are_refused(betas: tuple[float, float]) -> None:
     with pytest.raises(ValidationError, match=r"betas\.[01]"):
         TrainingConfig(betas=betas)
     assert TrainingConfig(betas=(0.0, 0.5)).betas == (0.0, 0.5)
+
+
+def test_a_diverged_epoch_stops_training_with_a_clear_error() -> None:
+    """A loss that is not finite ends training before the epoch counts (it used to go on, and
+    a NaN model then ranked every answer first)."""
+    from kgpipe.errors import Diverged
+
+    cfg = TrainingConfig(mode="1vsall", loss="cross_entropy", batch_size=8, lr=1e20, epochs=3)
+    trainer = Trainer(_model("complex"), _triples(40), training=cfg,
+                      regularizer=RegularizerConfig(), seed=0)  # fmt: skip
+    with pytest.raises(Diverged, match=r"epoch 1: the training loss is (nan|inf).*training.lr"):
+        trainer.fit()
+    assert trainer.epoch == 0 and trainer.history == []

@@ -545,6 +545,23 @@ def test_trial_past_its_time_limit_is_pruned_with_what_it_validated(tmp_path: Pa
         assert out.value == max(h["valid_mrr"] for h in out.history if "valid_mrr" in h)
 
 
+def test_a_diverging_trial_is_pruned_with_what_it_validated_not_failed(tmp_path: Path) -> None:
+    """A sampled learning rate that makes the loss NaN: the trial is pruned (Optuna's samplers
+    learn from pruned trials, not from failed ones), scored by its validations before the loss
+    diverged. Before, training went on and the NaN model's valid MRR read 1.0, the study's best."""
+    config = base_config(
+        run={"root": str(tmp_path), "name": "t"},
+        training={"epochs": 3, "batch_size": 64, "lr": 1e20},
+        evaluation={"every": 1},
+    )
+    storage = f"sqlite:///{tmp_path}/x.db"
+    trial = optuna.create_study(study_name="s", storage=storage).ask()
+    spec = TrialSpec(trial.number, trial._trial_id, config.model_dump(mode="json"), "s", storage)
+    out = run_trial(spec)
+    assert out.state == "pruned" and "training diverged" in (out.error or ""), out
+    assert not out.timed_out and out.value is None and out.history == []
+
+
 def test_a_trial_whose_folder_another_writer_holds_waits_for_it_then_goes_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

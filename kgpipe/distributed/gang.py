@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed import Client, Future, Queue
 
-from kgpipe.errors import ConfigError, Fenced, KgpipeError, StorageFull
+from kgpipe.errors import ConfigError, Diverged, Fenced, KgpipeError, StorageFull
 from kgpipe.training.hooks import NotInViewError
 
 log = logging.getLogger("kgpipe.distributed")
@@ -167,7 +167,7 @@ def launch_gang(
                         rank=rank,
                         worker=workers[rank],
                         retryable=not isinstance(
-                            exc, ConfigError | NotInViewError | StorageFull | Fenced
+                            exc, ConfigError | NotInViewError | StorageFull | Fenced | Diverged
                         ),
                     )
                 if fut.status == "cancelled":

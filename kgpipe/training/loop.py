@@ -25,6 +25,7 @@ from torch import Tensor
 from kgpipe.checkpoint import TrainState
 from kgpipe.config import DropoutConfig, RegularizerConfig, TrainingConfig
 from kgpipe.devices import resolve_precision
+from kgpipe.errors import Diverged
 from kgpipe.models.model import KGEModel
 from kgpipe.training.dropout import Dropout
 from kgpipe.training.exchange import Exchange
@@ -225,6 +226,12 @@ class Trainer:
         loss_total, queries_total, triples = self.exchange.epoch_end(
             self, loss_total, queries_total, triples
         )
+        if not math.isfinite(loss_total):  # before the epoch counts: nothing of it is committed
+            raise Diverged(
+                f"epoch {epoch}: the training loss is {loss_total / max(1, queries_total)}: "
+                f"training diverged (try a lower training.lr than {self.cfg.lr:g}, or "
+                "training.clip_grad_norm)"
+            )
         seconds = time.perf_counter() - start
         self.epoch = epoch
         stats = EpochStats(

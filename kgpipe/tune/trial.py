@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kgpipe.config import RunConfig
-from kgpipe.errors import KgpipeError
+from kgpipe.errors import Diverged, KgpipeError
 from kgpipe.runs.lease import RunFolderBusy
 from kgpipe.training.hooks import Callback, TrainerView
 
@@ -173,11 +173,13 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
                     log.warning("%s; waiting for it to end (this trial goes on from there)", err)
                 waited = True
                 time.sleep(_BUSY_WAIT_S)
-    except TrialTimedOut as err:  # pruned by the clock: scored by what it validated so far
+    except (TrialTimedOut, Diverged) as err:  # pruned by the clock, or a sampled config that
+        # diverged (pruned, not failed, so that the sampler learns from it: Optuna's samplers
+        # do not model failed trials): scored by what it validated so far
         named = config.with_run_name()
         out.history = _recorded_history(named)
         out.error = str(err)
-        out.timed_out = True
+        out.timed_out = isinstance(err, TrialTimedOut)
         out.url = _run_url(named)  # its committed checkpoints hold what it validated
         out.seconds = time.perf_counter() - t0
         _score(out)
