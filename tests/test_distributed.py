@@ -432,3 +432,28 @@ def test_a_diverged_gang_is_not_relaunched(tmp_path: Path) -> None:
     with pytest.raises(RunError, match="training diverged") as info:
         train(parse_config(data))
     assert "restart" not in str(info.value), info.value
+
+
+def _trainers_alive() -> int:
+    import gc
+
+    from kgpipe.training.loop import Trainer
+
+    return sum(isinstance(x, Trainer) for x in gc.get_objects())
+
+
+def test_a_gang_leaves_no_trainer_in_its_workers(tmp_path: Path) -> None:
+    """Each segment is a gang of its own: its trainer (model, optimiser state) is freed when
+    its rank ends. It lived on in reference cycles until a rare full collection, one more
+    per segment (0, 1, 2, 2, 3, 4, ... in a worker), until the memory check refused a gang."""
+    from kgpipe.pipeline import make_launcher
+    from kgpipe.runs.stage import prepare_run
+
+    data = {**BASE, "run": {**BASE["run"], "root": str(tmp_path), "name": "freed"},
+            "model": {"name": "complex", "dim": 8}, "training": {"epochs": 3},
+            "evaluation": {"test": False, "every": 1}, "distributed": {"workers": 2}}  # fmt: skip
+    run = prepare_run(parse_config(data))
+    with open_cluster("local", workers=2, threads_per_worker=1) as client:
+        for until in (1, 2, 3):
+            make_launcher(run, client=client).train_until(until)
+            assert set(client.run(_trainers_alive).values()) == {0}

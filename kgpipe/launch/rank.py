@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -169,6 +170,12 @@ def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
         yield run, device
     finally:
         dist.destroy_process_group()
+        # the trainer lives in reference cycles (its view, its exchange, callbacks holding its
+        # methods) that a worker's rare full collections freed late: a model and optimiser
+        # state more in the worker after every segment, until the memory check refused a gang
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
 
 
 def shared_triples(run: RunFolder, world_size: int) -> SharedTriples | None:
