@@ -457,3 +457,16 @@ def test_a_gang_leaves_no_trainer_in_its_workers(tmp_path: Path) -> None:
         for until in (1, 2, 3):
             make_launcher(run, client=client).train_until(until)
             assert set(client.run(_trainers_alive).values()) == {0}
+
+
+def test_three_ranks_agree_on_how_to_exchange_a_step(tmp_path: Path) -> None:
+    """`exchange: auto` chose dense or sparse per rank from the rows it touched, which differ
+    by rank under negative sampling: at 3 ranks one went sparse while the others went dense,
+    and gloo aborted its worker on the mismatched collective (each relaunch alike)."""
+    data = {**BASE, "run": {**BASE["run"], "root": str(tmp_path), "name": "three"},
+            "model": {"name": "complex", "dim": 16},
+            "training": {"epochs": 1, "mode": "negative_sampling", "loss": "softplus"},
+            "distributed": {"workers": 3, "exchange": "auto"},
+            "fault_tolerance": {"max_restarts": 0}}  # fmt: skip
+    result = train(parse_config(data))
+    assert [s.epoch for s in result.history] == [1]

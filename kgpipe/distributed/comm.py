@@ -82,19 +82,31 @@ class Comm:
         self.calls += 1
         return int(t[0])
 
+    def row_counts(self, rows: Tensor) -> list[int]:
+        """How many rows each rank holds (one small all_gather)."""
+        counts = self._all_gather(
+            torch.tensor([rows.numel()], dtype=torch.int64, device=self.device)
+        )
+        return [int(c[0]) for c in counts]
+
     def sparse_sum(
-        self, key: str, rows: Tensor, values: Tensor, extra: Tensor | None = None
+        self,
+        key: str,
+        rows: Tensor,
+        values: Tensor,
+        extra: Tensor | None = None,
+        counts: list[int] | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Sum ``values`` (and uncompressed ``extra`` columns) per row over all ranks.
+        """Sum ``values`` (and uncompressed ``extra`` columns) per row over all ranks
+        (``counts``: the ranks' :meth:`row_counts` of ``rows``, when already known).
 
         Returns the union of the rows (sorted) with their summed values and extras.
         """
         if extra is None:  # compress only what has no uncompressed companion columns
             rows, values = self._feedback(key, rows, values)
-        counts = self._all_gather(
-            torch.tensor([rows.numel()], dtype=torch.int64, device=self.device)
-        )
-        width = max(int(c[0]) for c in counts)
+        if counts is None or self.compression == "topk":  # (top-k changes the rows)
+            counts = self.row_counts(rows)
+        width = max(counts)
         pad = width - rows.numel()
         d = values.shape[1]
         rows_p = torch.cat((rows, rows.new_full((pad,), -1)))
@@ -185,20 +197,28 @@ class StepExchange(Exchange):
     def bind(self, trainer: Trainable) -> None:
         self._tables = trainer.tables
 
-    def _use_dense(self, name: str, grad: RowGrad, table: Tensor) -> bool:
+    def _use_dense(self, name: str, counts: list[int] | None) -> bool:
         if self.comm.compression != "none":
             return False
         if name in self.dense_tables or self.mode == "dense":
             return True
-        if self.mode == "sparse":
+        if self.mode == "sparse" or counts is None:
             return False
-        # all_gather moves W x touched rows; a ring all_reduce moves ~2 x the table
-        w = self.comm.world_size
-        return 2 * table.shape[0] < w * max(1, grad.rows.numel())
+        # all_gather moves W x the most rows a rank touched; a ring all_reduce ~2 x the table.
+        # Decided on every rank's count (the sparse path's own first exchange): ranks touch
+        # different rows, and ranks that chose differently joined different collectives
+        # (gloo killed a worker)
+        return 2 * self._tables[name].shape[0] < self.comm.world_size * max(1, *counts)
 
     def step(self, grads: dict[str, RowGrad]) -> dict[str, RowGrad]:
         out: dict[str, RowGrad] = {}
-        dense = [n for n, g in grads.items() if self._use_dense(n, g, self._tables[n])]
+        auto = self.mode == "auto" and self.comm.compression == "none"
+        counts = {
+            n: self.comm.row_counts(g.rows)
+            for n, g in grads.items()
+            if auto and n not in self.dense_tables
+        }
+        dense = [n for n in grads if self._use_dense(n, counts.get(n))]
         if dense:
             # one bucket: [table rows x (width + 1 mask column)] for every dense table
             parts = []
@@ -219,7 +239,7 @@ class StepExchange(Exchange):
         for n, g in grads.items():
             if n in out:
                 continue
-            rows, values, _ = self.comm.sparse_sum(n, g.rows, g.values)
+            rows, values, _ = self.comm.sparse_sum(n, g.rows, g.values, counts=counts.get(n))
             out[n] = RowGrad(rows, values)
         return out
 
