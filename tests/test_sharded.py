@@ -589,3 +589,20 @@ def test_a_slow_shard_writer_is_waited_for_under_the_commit_timeout(tmp_path: Pa
     checkpoints = sorted(p.name for p in (tmp_path / "slow" / "checkpoints").iterdir())
     assert checkpoints == ["epoch-000001"]
     assert [m.get("restarts", 0) for m in _metrics(tmp_path, "slow")] == [0]
+
+
+def test_a_resume_with_other_entity_shards_is_refused_before_a_gang(tmp_path: Path) -> None:
+    """The entities are permuted over `entity_shards`: a resume with another number was
+    accepted, then every rank refused the checkpoint, and the gang was relaunched
+    max_restarts times (38 s) before the run failed. It is refused before anything starts."""
+    from kgpipe.errors import RunError
+
+    sections: dict[str, Any] = {"model": {"name": "complex", "dim": 8},
+                                "training": {**TRAINING, "epochs": 1}}  # fmt: skip
+    gang = {"workers": 2, "strategy": "sharded", "entity_shards": 4}
+    train(_config(tmp_path, "s", **sections, distributed=gang))
+    longer = {**sections, "training": {**TRAINING, "epochs": 2}}
+    other = _config(tmp_path, "s", **longer, distributed={**gang, "entity_shards": 2})
+    with pytest.raises(RunError, match=r"entity_shards=4, this config has 2; resume with"):
+        train(other, resume=True)
+    assert [m["epoch"] for m in _metrics(tmp_path, "s")] == [1]

@@ -56,6 +56,7 @@ def check_resumable(store: Store, config: RunConfig) -> Resume:
     """Refuse to continue the run folder in ``store`` with a config that trains something else;
     else say what the continued run trains to (see the module's rule)."""
     _, stored = open_run(store.url, config.run.storage_options)
+    _check_shards(store, config)
     recorded, asked = stored.training.epochs, config.training.epochs
     if asked < recorded:
         config = with_epochs(config, recorded)
@@ -86,6 +87,22 @@ def check_resumable(store: Store, config: RunConfig) -> Resume:
             f"config.yaml); the given config asks for {asked}, and a resume never shortens a run"
         )
     return Resume(config, note=note)
+
+
+def _check_shards(store: Store, config: RunConfig) -> None:
+    """A sharded run's entities are permuted over ``distributed.entity_shards``: the number its
+    latest checkpoint was written with is the one it resumes with (refused here, before a
+    gang: each rank refused it, and each relaunch alike)."""
+    if config.distributed.strategy != "sharded":
+        return
+    committed = CheckpointStore(store).committed()
+    saved = committed[-1].manifest.get("entity_shards") if committed else None
+    if saved is not None and int(saved) != config.distributed.entity_shards:
+        raise RunError(
+            f"{store.url}: its checkpoints were written with distributed.entity_shards={saved}, "
+            f"this config has {config.distributed.entity_shards}; resume with "
+            f"--set distributed.entity_shards={saved}"
+        )
 
 
 def _check_extension(store: Store, config: RunConfig, old_epochs: int) -> None:
