@@ -166,6 +166,24 @@ def test_an_unreachable_server_fails_fast_in_one_line_before_anything_is_written
     assert not (tmp_path / "down").exists()
 
 
+def test_a_store_mlflow_will_not_open_is_one_line_before_anything_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow 3 refuses file:// stores (the URI the docs used to suggest) unless told to: that
+    was MLflow's traceback; it is one line naming the way out. A sqlite:/// store works."""
+    from kgpipe.pipeline import train
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    config = _config(tmp_path, "files", f"file://{tmp_path}/mlruns")
+    with pytest.raises(TrackingError) as err:
+        train(config)
+    message = str(err.value)
+    assert "\n" not in message and "MLFLOW_ALLOW_FILE_STORE=true" in message, message
+    assert "sqlite:///" in message and not (tmp_path / "files").exists()
+    monkeypatch.chdir(tmp_path)  # MLflow puts a sqlite store's artifacts in ./mlruns
+    check_tracking(_config(tmp_path, "db", f"sqlite:///{tmp_path}/mlflow.db").tracking)
+
+
 # -- a run, resumed -----------------------------------------------------------------------------
 
 
@@ -501,3 +519,61 @@ def test_a_refused_config_is_a_failed_trial_run_with_its_values(
         assert "needs training.loss" in child.data.tags["kgpipe.error"]
         assert child.data.params["training.loss"] == "softplus"
         assert float(child.data.params["training.lr"]) > 0
+
+
+def test_a_search_logs_its_database_url_without_the_password(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """results.json masked a study database's password; the search's MLflow params did not."""
+    from types import SimpleNamespace
+
+    import kgpipe.tracking
+    from kgpipe.tune.track import StudyTracker
+
+    logged: dict[str, Any] = {}
+    monkeypatch.setattr(kgpipe.tracking, "check_tracking", lambda tracking: None)
+    monkeypatch.setattr(
+        kgpipe.tracking, "start_parent_run", lambda tracking, **kw: logged.update(kw) or "p1"
+    )
+    settings = SimpleNamespace(
+        model_dump=lambda mode: {"storage": "postgresql://optuna:S3cretPw@db:5432/optuna"}
+    )
+    folder = SimpleNamespace(
+        base=_config(Path("/nonexistent"), "x", "http://127.0.0.1:1"), settings=settings,
+        space=SimpleNamespace(describe=lambda: ["lr"]), name="s",
+    )  # fmt: skip
+    study = SimpleNamespace(user_attrs={}, set_user_attr=lambda k, v: None)
+    assert StudyTracker.open(folder, study, print) is not None  # type: ignore[arg-type]
+    assert logged["params"]["tune.storage"] == "postgresql://optuna:***@db:5432/optuna"
+
+
+def test_a_password_in_the_tracking_uri_is_masked_in_what_is_written() -> None:
+    """config.yaml (in the run folder, and as the MLflow run's artifact) kept a password given
+    in tracking.uri; the config in memory keeps it (the driver logs with it)."""
+    from kgpipe.config import config_to_yaml
+    from kgpipe.tracking.client import shown_uri
+
+    uri = "https://alice:hunter2@mlflow.example.com:8443/x"
+    config = parse_config({"data": {"dataset": "umls"},
+                           "tracking": {"backend": "mlflow", "uri": uri}})  # fmt: skip
+    written = config_to_yaml(config)
+    assert (
+        "hunter2" not in written and "uri: https://alice:***@mlflow.example.com:8443/x" in written
+    )
+    assert config.tracking.uri == uri and shown_uri("http://h:5000") == "http://h:5000"
+
+
+def test_a_server_behind_a_proxy_is_not_probed_directly(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MLflow's client sends its requests through HTTP(S)_PROXY; the direct TCP probe failed
+    every run on a network that reaches the server only through the proxy."""
+    from kgpipe.tracking.client import _probe
+
+    uri = "http://mlflow.corp.invalid:5000"
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("http_proxy", "http://127.0.0.1:1")
+    _probe(uri)  # no error: the proxy is the way there
+    monkeypatch.delenv("http_proxy")
+    monkeypatch.delenv("HTTP_PROXY", raising=False)
+    with pytest.raises(TrackingError, match="unknown host"):
+        _probe(uri)

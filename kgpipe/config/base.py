@@ -86,6 +86,18 @@ def redact(node: Any) -> Any:
     return node
 
 
+def hide_password(uri: str) -> str:
+    """``uri`` with its password (``scheme://user:pw@host``) masked; as given without one."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
 def clean_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Storage options without redacted entries (so that s3fs falls back to the environment)."""
     out: dict[str, Any] = {}

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from kgpipe.config.base import redact
+from kgpipe.config.base import hide_password, redact
 from kgpipe.config.run import RunConfig
 from kgpipe.errors import ConfigError
 from kgpipe.storage import read_url
@@ -176,10 +176,13 @@ def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
 
 
 def redact_secrets(config: RunConfig) -> dict[str, Any]:
-    """The config as plain data with credential-like storage options replaced by a marker."""
+    """The config as plain data with credential-like storage options replaced by a marker
+    (and a password in the tracking URI masked)."""
     data = config.model_dump(mode="json")
     for section in ("run", "data"):
         data[section]["storage_options"] = redact(data[section]["storage_options"])
+    if data["tracking"].get("uri"):  # https://user:pw@host: the password is masked
+        data["tracking"]["uri"] = hide_password(data["tracking"]["uri"])
     return data
 
 

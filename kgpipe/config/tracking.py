@@ -29,7 +29,7 @@ class TrackingConfig(Frozen):
         default=None,
         min_length=1,
         description=(
-            "MLflow tracking URI, e.g. http://127.0.0.1:5000 or file:///path/mlruns (required "
+            "MLflow tracking URI, e.g. http://127.0.0.1:5000 or sqlite:///path/mlflow.db (required "
             "with backend mlflow; credentials in MLFLOW_TRACKING_USERNAME/PASSWORD, not here)."
         ),
     )
@@ -60,11 +60,11 @@ class TrackingConfig(Frozen):
         if uri is None and info.data.get("backend") == "mlflow":
             raise ValueError(
                 "required with tracking.backend=mlflow: the MLflow tracking URI, such as "
-                "http://127.0.0.1:5000 or file:///path/mlruns"
+                "http://127.0.0.1:5000 or sqlite:///path/mlflow.db"
             )
         if uri is not None and "://" not in uri and not uri.startswith("databricks"):
             raise ValueError(
                 "not a tracking URI: give its scheme, such as http://host:5000, https://host "
-                "or file:///absolute/path/mlruns"
+                "or sqlite:///absolute/path/mlflow.db"
             )
         return uri

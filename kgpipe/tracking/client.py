@@ -19,9 +19,11 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from kgpipe.config import RunConfig, TrackingConfig, redact_secrets
+from kgpipe.config.base import hide_password
 from kgpipe.endpoints import tcp_problem
 from kgpipe.errors import ConfigError, KgpipeError
 
@@ -59,14 +61,7 @@ class TrackingError(KgpipeError):
         self.code = code  # MLflow's error code (RESOURCE_DOES_NOT_EXIST, ...), if it gave one
 
 
-def shown_uri(uri: str) -> str:
-    """``uri`` without a password in it (for messages)."""
-    parts = urlsplit(uri)
-    if parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+shown_uri = hide_password  # ``uri`` without a password in it (for messages and records)
 
 
 class _Bounds:
@@ -99,8 +94,11 @@ def _bounded() -> Iterator[None]:
 def _probe(uri: str, timeout_s: float = 5.0) -> None:
     """One TCP connection to an http(s) tracking server: a refused or silent server fails in
     seconds, before any MLflow retry (checked once per server and process)."""
-    if urlsplit(uri).scheme not in ("http", "https") or uri in _REACHED:
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https") or uri in _REACHED:
         return
+    if getproxies().get(parts.scheme) and not proxy_bypass(parts.hostname or ""):
+        return  # MLflow's requests go through the proxy: a direct connection proves nothing
     reason = tcp_problem(uri, timeout_s)
     if reason is None:
         _REACHED.add(uri)
@@ -109,6 +107,17 @@ def _probe(uri: str, timeout_s: float = 5.0) -> None:
         f"tracking.uri={shown_uri(uri)}: cannot reach the MLflow tracking server ({reason}); "
         "is `mlflow server` running there, and is the URI right?"
     )
+
+
+def _unopened(uri: str, err: BaseException) -> str:
+    if urlsplit(uri).scheme in ("file", ""):
+        why = (
+            "MLflow 3 keeps file:// stores in maintenance mode and opens them only with "
+            "MLFLOW_ALLOW_FILE_STORE=true; a local store is sqlite:///ABSOLUTE/PATH/mlflow.db"
+        )
+    else:
+        why = _reason(err)
+    return f"tracking.uri={shown_uri(uri)}: MLflow cannot open this tracking store ({why})"
 
 
 def _reason(err: BaseException) -> str:
@@ -140,7 +149,10 @@ class Mlflow:
         self.uri = tracking.uri
         self.tracking = tracking
         _probe(self.uri)
-        self.client = MlflowClient(tracking_uri=self.uri)
+        try:
+            self.client = MlflowClient(tracking_uri=self.uri)
+        except Exception as err:  # a store MLflow will not open: one line, not its traceback
+            raise TrackingError(_unopened(self.uri, err)) from None
 
     def __getattr__(self, name: str) -> Callable[..., Any]:
         client = self.__dict__.get("client")

@@ -137,7 +137,7 @@ class RunTracker(Callback):
     def _save(self) -> None:
         record = {
             "backend": self.tracking.backend,
-            "uri": self.tracking.uri,
+            "uri": shown_uri(self.tracking.uri or ""),  # (the password is not the folder's)
             "experiment_id": self.experiment_id,
             "run_id": self.run_id,
             "last_epoch": self.last_epoch,
@@ -156,7 +156,10 @@ class RunTracker(Callback):
         mlf = self.mlflow = connect(self.tracking)
         config, state = self.run.config, self._state()
         live = None
-        if state.get("run_id") and state.get("uri") == self.tracking.uri:
+        if state.get("run_id") and state.get("uri") in (
+            self.tracking.uri,  # (recorded with its password before it was masked)
+            shown_uri(self.tracking.uri or ""),
+        ):
             live = mlf.live_run(str(state["run_id"]))
         tags = run_tags(config, self.run.url, parent_run_id=self.parent_run_id)
         if live is not None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from kgpipe.config import RunConfig
 from kgpipe.tune.folder import StudyFolder
+from kgpipe.tune.settings import redact_url
 
 __all__ = ["StudyTracker", "track_findings"]
 
@@ -39,6 +40,8 @@ class StudyTracker:
 
         check_tracking(tracking)  # unreachable or missing: one line, before any trial
         params = {f"tune.{k}": v for k, v in folder.settings.model_dump(mode="json").items()}
+        if params.get("tune.storage"):  # a database URL's password: not for the tracking server
+            params["tune.storage"] = redact_url(str(params["tune.storage"]))
         params["tune.space"] = "; ".join(folder.space.describe())
         parent = start_parent_run(
             tracking, name=folder.name, params=params, run_id=study.user_attrs.get(PARENT)
