@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from prefect import Flow, flow, get_run_logger
+from prefect.artifacts import update_progress_artifact
 from prefect.settings import PREFECT_API_URL
 
 from flows.params import deployment_defaults, resolve_config
@@ -159,6 +160,8 @@ def _train_and_finish(
             return result
 
         history, restarts = drive_segments(run, segment, log=logger.info)
+        # trained: early stopping (or a resume of a run it had ended) ends before the last epoch
+        update_progress_artifact(progress, 100.0)
         # a sharded run's test split, ranked by its gang while the cluster is up; a failed
         # task leaves it to evaluate_and_export (the run is trained already)
         tested = None

@@ -260,6 +260,30 @@ def test_flow_parameters_never_hold_credentials(prefect_env: PrefectServer, tmp_
     assert secret not in (tmp_path / "creds" / "config.yaml").read_text()
 
 
+def test_an_early_stopped_run_shows_its_progress_complete(
+    prefect_env: PrefectServer, tmp_path: Path
+) -> None:
+    """Early stopping ends training before training.epochs: the progress artifact, updated
+    per epoch, stayed at the stopping epoch's share of a Completed run (10 % here)."""
+    from flows.train import train_kge
+    from kgpipe.config import parse_config
+
+    config = parse_config({
+        "run": {"root": str(tmp_path), "name": "es"},
+        "data": {"dataset": "umls"},
+        "model": {"name": "distmult", "dim": 8},
+        "training": {"epochs": 20, "lr": 1e-12, "max_steps_per_epoch": 2},
+        "evaluation": {"every": 1, "patience": 1, "test": False},
+    })  # fmt: skip
+    state = train_kge(config, resume=False, return_state=True)
+    assert state.is_completed(), state.message
+    epochs = [json.loads(x)["epoch"] for x in (tmp_path / "es/metrics.jsonl").open()]
+    assert epochs[-1] < 20  # stopped early
+    progress = next(a for a in _artifacts(str(state.state_details.flow_run_id))
+                    if a.key == "kgpipe-es-progress")  # fmt: skip
+    assert float(progress.data) == 100.0
+
+
 @pytest.mark.slow
 def test_a_bad_override_fails_the_flow_run_before_staging(
     prefect_env: PrefectServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
