@@ -274,6 +274,13 @@ class EpochExchange(Exchange):
     def bind(self, trainer: Trainable) -> None:
         self._snapshot(trainer)
 
+    def agree_steps(self, steps: int) -> int:
+        # ranks hold unequal shares (16 shards over 3 ranks) and step unequally: every rank
+        # counts with the largest share's steps, which rank 0 commits and every rank of a
+        # resumed gang loads (dropout masks and learning rates follow the global step: a
+        # resume changed training, and a linear schedule ended early on the smaller ranks)
+        return self.comm.max_int(steps)
+
     def _snapshot(self, trainer: Trainable) -> None:
         self._start = {k: t.clone() for k, t in trainer.tables.items()}
         self._counts = {

@@ -31,6 +31,12 @@ class Exchange:
     def bind(self, trainer: Trainable) -> None:
         """Called once by the trainer that uses this exchange."""
 
+    def agree_steps(self, steps: int) -> int:
+        """A count of steps every rank goes on with (the steps per epoch the learning-rate
+        schedules count with; the global step after an epoch), given this rank's own: the
+        same where the ranks share each global batch."""
+        return steps
+
     def pull(
         self, strategy: Any, batch: Tensor, draws: Tensor | None
     ) -> tuple[Tensor, Tensor | None]:

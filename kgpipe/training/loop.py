@@ -135,6 +135,7 @@ class Trainer:
             chunk_size=training.chunk_size,
             negatives=training.negatives,
         )
+        self._agreed_steps = self.exchange.agree_steps(self.steps_per_epoch)
         self.schedule = SCHEDULES.get(training.schedule)(
             base=training.lr,
             warmup_steps=training.warmup_steps,
@@ -160,7 +161,7 @@ class Trainer:
 
     @property
     def total_steps(self) -> int:
-        return self.steps_per_epoch * self.cfg.epochs
+        return self._agreed_steps * self.cfg.epochs
 
     def current_lr(self) -> float:
         return self.schedule.rate(self.global_step)
@@ -226,6 +227,7 @@ class Trainer:
         loss_total, queries_total, triples = self.exchange.epoch_end(
             self, loss_total, queries_total, triples
         )
+        self.global_step = self.exchange.agree_steps(self.global_step)
         if not math.isfinite(loss_total):  # before the epoch counts: nothing of it is committed
             raise Diverged(
                 f"epoch {epoch}: the training loss is {loss_total / max(1, queries_total)}: "
