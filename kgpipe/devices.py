@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -15,6 +16,7 @@ __all__ = [
     "process_group_backend",
     "resolve_device",
     "resolve_precision",
+    "worker_memory",
 ]
 
 
@@ -67,6 +69,15 @@ def device_identity(setting: str, cluster: str | None) -> str | None:
         return None
     props = torch.cuda.get_device_properties(device)
     return f"{socket.gethostname()}/{getattr(props, 'uuid', device.index)}"
+
+
+def worker_memory(setting: str, cluster: str | None) -> dict[str, Any]:
+    """What a worker holds now (``rss``: its process's resident bytes, read now: the
+    scheduler's figure is sampled every few seconds, and at a first launch predates torch) and
+    its card's ``gpu`` memory (:func:`device_memory`), run on each worker before a gang."""
+    import psutil
+
+    return {"rss": int(psutil.Process().memory_info().rss), "gpu": device_memory(setting, cluster)}
 
 
 def device_memory(setting: str, cluster: str | None) -> dict[str, int] | None:

@@ -494,3 +494,21 @@ def test_an_epoch_synchronised_gang_resumes_as_it_would_have_gone_on(tmp_path: P
     for key in ("entity", "relation"):  # (2e-10 apart: model averaging's float sums)
         diff = (whole[key] - split[key]).abs().max().item()
         assert diff <= 1e-7, (key, diff)  # (9.5e-5 before)
+
+
+def _threads_here() -> tuple[str | None, int]:
+    return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+
+def test_an_existing_schedulers_workers_size_their_threads_themselves() -> None:
+    """The workers of an existing scheduler run elsewhere: their torch threads were this
+    host's cores divided by the workers (a 2-core driver gave 32-core workers 1 thread each).
+    They now take their own Dask thread count; distributed.threads_per_worker still rules."""
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=3, processes=True,
+                      dashboard_address=None, host="127.0.0.1") as outside:  # fmt: skip
+        with open_cluster(outside.scheduler_address, workers=1) as client:
+            assert list(client.run(_threads_here).values()) == [("3", 3)]
+        with open_cluster(outside.scheduler_address, workers=1, threads_per_worker=2) as client:
+            assert list(client.run(_threads_here).values()) == [("2", 2)]

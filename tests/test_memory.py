@@ -298,3 +298,6 @@ def test_a_worker_without_a_gpu_reports_no_card() -> None:
         workers = gang_workers(client, config)
         assert list(workers) == list(live_workers(client))
         assert all("gpu" not in w and "memory_limit" in w for w in workers.values())
+        # the memory in use is read when asked: the scheduler's figure is sampled every few
+        # seconds, and at a first launch it predated torch (61 MiB for a worker holding 314)
+        assert all(w["metrics"]["memory"] > 150 * 2**20 for w in workers.values()), workers

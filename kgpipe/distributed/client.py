@@ -17,7 +17,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import KgpipeError
-from kgpipe.process import configure, thread_environ
+from kgpipe.process import available_cores, configure, thread_environ
 
 __all__ = ["TorchWorkerSetup", "open_cluster"]
 
@@ -52,16 +52,18 @@ class TorchWorkerSetup(WorkerPlugin):
     name = "kgpipe-torch-setup"
 
     def __init__(
-        self, threads: int, env: dict[str, str] | None = None, *, owned: bool = False
+        self, threads: int | None, env: dict[str, str] | None = None, *, owned: bool = False
     ) -> None:
-        self.threads = threads
+        self.threads = threads  # None: the worker's own Dask thread count (its host's share)
         self.env = dict(env or {})
         self.owned = owned
 
     def setup(self, worker: Any) -> None:
+        dask_threads = getattr(getattr(worker, "state", None), "nthreads", 0)
+        threads = self.threads or max(1, int(dask_threads or available_cores()))
         os.environ.update(self.env)
-        os.environ.update(thread_environ(self.threads))
-        configure(threads=self.threads, allocator="system")
+        os.environ.update(thread_environ(threads))
+        configure(threads=threads, allocator="system")
         # a rank's failure reaches the driver, which reports it in one line (and relaunches the
         # gang); Dask's own "Compute Failed" block with the task's traceback would repeat it
         worker_log = logging.getLogger("distributed.worker")
@@ -131,7 +133,13 @@ def open_cluster(
             raise KgpipeError(
                 f"the Dask cluster has {have} workers, distributed.workers asks for {workers}"
             ) from None
-        client.register_plugin(TorchWorkerSetup(threads, owned=owned is not None))
+        # an existing scheduler's workers run on other hosts: sized there, not by this one's
+        # cores (a 2-core driver gave the ranks of 32-core workers 1 thread each)
+        client.register_plugin(
+            TorchWorkerSetup(
+                threads if owned is not None else threads_per_worker, owned=owned is not None
+            )
+        )
         if owned is not None:
             client.run_on_scheduler(_check_heartbeats_often, every_s=worker_ttl_s / 10)
         say(f"Dask dashboard: {client.dashboard_link}")

@@ -343,7 +343,9 @@ class DaskLauncher:
                 "lease": run.lease,
             },
             queue=queue,
-            threads=worker_threads(dcfg.workers, dcfg.threads_per_worker),
+            threads=worker_threads(dcfg.workers, dcfg.threads_per_worker)
+            if dcfg.cluster in CLUSTERS  # else the worker's own (TorchWorkerSetup)
+            else dcfg.threads_per_worker,
             adapt_threads=t.threads is None and dcfg.threads_per_worker is None,
             start_epoch=start,
             until=until,

@@ -30,7 +30,7 @@ the replicated strategy every rank holds:
 Where a worker's ranks train on a GPU (:func:`gang_workers` asks each worker), the estimate is
 split (:meth:`RankMemory.on_gpu`): what lives on the card is checked against the card's free
 memory, what stays in host memory (a commit's copy, the staged triples, the filter index)
-against the worker's limit. Not yet checked on a GPU machine.
+against the worker's limit (not yet checked on a GPU machine).
 
 Checked against measured worker peaks (``bench/memory.py``, docs/distributed.md): rank 0 of two
 peaked 3,194 MiB above its start on a 656k-entity TransE d=100 graph with Adam (estimate 3,151)
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kgpipe.config import RunConfig
-from kgpipe.devices import device_memory
+from kgpipe.devices import worker_memory
 from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
@@ -265,20 +265,21 @@ def ranking_memory(
 
 
 def gang_workers(client: Any, config: RunConfig) -> dict[str, dict[str, Any]]:
-    """The workers as :func:`check_gang_memory` takes them: the scheduler's view (memory limit
-    and use), with ``gpu`` -- ``{"free", "total"}`` bytes of its card -- where a rank there
-    would train on a GPU (asked of each worker, as ``training.device`` resolves there)."""
+    """The workers as :func:`check_gang_memory` takes them: the scheduler's view (memory limit),
+    their memory in use read now, and ``gpu`` -- ``{"free", "total"}`` bytes of its card --
+    where a rank there would train on a GPU (asked of each worker, as ``training.device``
+    resolves there). A worker lost meanwhile keeps the scheduler's figures (its gang fails
+    and is retried as after any lost worker)."""
     workers = live_workers(client)
-    # a worker lost meanwhile answers with its error: no card to count; the gang's launch
-    # then fails and is retried as after any lost worker
-    cards = client.run(
-        device_memory, config.training.device, config.distributed.cluster,
+    now = client.run(
+        worker_memory, config.training.device, config.distributed.cluster,
         workers=list(workers), on_error="return",
     )  # fmt: skip
-    return {
-        a: {**w, "gpu": cards[a]} if isinstance(cards.get(a), dict) else w
-        for a, w in workers.items()
-    }
+    for a, w in workers.items():
+        if isinstance(got := now.get(a), dict):
+            w["metrics"] = {**(w.get("metrics") or {}), "memory": got["rss"]}
+            w.update({"gpu": got["gpu"]} if got["gpu"] else {})
+    return workers
 
 
 def check_training_gang(
@@ -394,7 +395,6 @@ def check_test_gang(run: RunFolder, workers: dict[str, dict[str, Any]], world: i
     """:func:`check_gang_memory` for the gang that ranks ``run``'s test split."""
     sizes = {"num_entities": run.num_entities, "num_relations": run.num_relations,
              "num_train": run.num_train}  # fmt: skip
-    need = ranking_memory(
-        run.config, **sizes, world=world, test_candidates=run.candidate_shape("test")
-    )
+    test = run.candidate_shape("test")
+    need = ranking_memory(run.config, **sizes, world=world, test_candidates=test)
     return check_gang_memory(run.config, workers, world=world, need=need)
