@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from kgpipe.config import parse_config
 from kgpipe.data.vocab import Vocabulary
+from kgpipe.errors import RunError
 from kgpipe.pipeline import train
 from kgpipe.runs.segments import segment_ends, should_stop
 from kgpipe.runs.warmstart import warm_start_tables
@@ -88,3 +90,42 @@ def test_warm_start_maps_rows_by_label() -> None:
     assert ws.relation.tolist() == [[2, 3], [-1, -1], [6, 7], [-1, -1]]
     assert (ws.kept_entities, ws.new_entities, ws.dropped_entities) == (2, 1, 1)
     assert (ws.kept_relations, ws.new_relations, ws.dropped_relations) == (1, 1, 1)
+
+
+def test_a_staging_that_stopped_is_staged_again_with_its_warm_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The flow retries its staging task after a storage fault. The retry found its own
+    half-staged folder and refused it ("a run with this name exists"), or, when the fault hit
+    the warm start after data.json, took the folder as staged and trained from a random start.
+    The warm start is now committed before data.json (written last), and a folder without it
+    is staged again."""
+    import kgpipe.runs.stage as stage
+    from kgpipe.errors import StorageError
+    from kgpipe.runs.folder import is_staged, run_store
+
+    base = {
+        "run": {"root": str(tmp_path)},
+        "data": {"dataset": "umls"},
+        "model": {"name": "distmult", "dim": 8},
+        "training": {"epochs": 1, "max_steps_per_epoch": 2},
+        "evaluation": {"test": False},
+    }
+    previous = train(parse_config({**base, "run": {**base["run"], "name": "prev"}})).url
+    config = parse_config({**base, "run": {**base["run"], "name": "next"}})  # fmt: skip
+    real, faults = stage.commit_warm_start, [StorageError("injected: the store went away")]
+
+    def flaky(*args: object, **kwargs: object) -> object:
+        if faults:
+            raise faults.pop()
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stage, "commit_warm_start", flaky)
+    with pytest.raises(StorageError):
+        stage.prepare_run(config, warm_start=previous)
+    assert not is_staged(run_store(config))  # not taken for staged by a retry
+    run = stage.prepare_run(config, warm_start=previous)  # the retry: staged again
+    assert [c.epoch for c in run.checkpoints().committed()] == [0]
+    assert is_staged(run_store(config))
+    with pytest.raises(RunError, match="a run with this name exists"):
+        stage.prepare_run(config)  # a finished staging is still not overwritten

@@ -156,7 +156,11 @@ def prepare_run(
             return run
         say(f"{store.url}: staging had not finished; staging again")
     elif exists and not overwrite:
-        raise run_exists_error(store.url)
+        if is_staged(store):
+            raise run_exists_error(store.url)
+        # staging stopped before its end (data.json, written last): nothing a run made is
+        # there, so it is staged again (a retried staging task found its own folder "exists")
+        say(f"{store.url}: staging had not finished; staging again")
     # input errors: before writes; a pre-flight check in this process may have parsed it
     dataset = take_parsed(config.data) or load_dataset(config.data, retry=retry_policy(config))
     say(dataset.summary())
@@ -181,7 +185,19 @@ def prepare_run(
     save_ids(store, TEST_IDS, dataset.test)
     for split, sets in dataset.candidates.items():
         save_candidates(store, split, sets)
-    store.write_json(
+    run = RunFolder(
+        store.url,
+        config,
+        dataset.num_entities,
+        dataset.num_relations,
+        manifest.total,
+        dataset.fingerprint,
+        0,
+    )
+    if warm_start is not None:  # before data.json: a staged folder without it is incomplete
+        summary = commit_warm_start(run, dataset.vocab, warm_start)
+        say(f"warm start from {warm_start}: {summary}")
+    store.write_json(  # last: a folder with it is staged (a resume trains from there)
         DATA,
         {
             "fingerprint": dataset.fingerprint,
@@ -196,16 +212,4 @@ def prepare_run(
             ),
         },
     )
-    run = RunFolder(
-        store.url,
-        config,
-        dataset.num_entities,
-        dataset.num_relations,
-        manifest.total,
-        dataset.fingerprint,
-        0,
-    )
-    if warm_start is not None:
-        summary = commit_warm_start(run, dataset.vocab, warm_start)
-        say(f"warm start from {warm_start}: {summary}")
     return run
