@@ -18,7 +18,7 @@ from typing import Any
 from kgpipe.config import RunConfig, apply_overrides, load_config, parse_config
 from kgpipe.errors import ConfigError
 
-__all__ = ["deployment_defaults", "resolve_config"]
+__all__ = ["deployment_defaults", "flow_run_tag", "resolve_config"]
 
 
 def resolve_config(
@@ -87,3 +87,14 @@ def deployment_defaults() -> dict[str, Any]:
         return {}
     with get_client(sync_client=True) as client:
         return dict(client.read_deployment(UUID(str(deployment.id))).parameters or {})
+
+
+def flow_run_tag() -> str | None:
+    """``NAME-ID`` of this flow run (its name, made safe for a folder, and the first 8
+    characters of its id): the same for a retry of the flow run; None outside a flow run."""
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return None
+    name = "".join(c if c.isalnum() or c == "-" else "-" for c in str(flow_run.name or "run"))
+    return f"{name}-{str(flow_run.id)[:8]}"

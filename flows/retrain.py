@@ -10,8 +10,8 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
 from flows.train import flow_config, train_kge
-from kgpipe.config import RunConfig
-from tasks.retrain import find_previous, fingerprint_source, record_latest
+from kgpipe.config import RunConfig, config_hash
+from tasks.retrain import find_previous, fingerprint_source, record_latest, warm_start_problem
 
 
 @flow(name="retrain-kge", log_prints=True, validate_parameters=True)
@@ -28,7 +28,9 @@ def retrain_kge(
     series = config.run.name or f"{config.model.name}-{config.data.dataset or 'graph'}"
     fingerprint = fingerprint_source(config)
     previous = find_previous(config, series)
-    if previous and previous["fingerprint"] == fingerprint and not force:
+    recipe = config_hash(config)  # a series whose config changed retrains (records before: not)
+    same_recipe = previous is not None and previous.get("config_hash") in (None, recipe)
+    if previous and previous["fingerprint"] == fingerprint and same_recipe and not force:
         logger.info("no change in the source graph since %s; nothing to train", previous["run"])
         return Completed(message="no change", data={"run": previous["run"], "changed": False})
     stamp = dt.datetime.now(dt.UTC).strftime("%Y%m%d-%H%M%S")
@@ -36,13 +38,19 @@ def retrain_kge(
         update={"run": config.run.model_copy(update={"name": f"{series}-{stamp}"})}
     )
     warm = previous["run"] if previous else None
-    if warm:
-        logger.info("source changed: warm start from %s", warm)
+    refused = warm_start_problem(config, warm) if warm else None
+    if warm and refused:  # the series' model changed: a fresh start, not a failing run a night
+        logger.warning("not warm-starting from %s (%s): training from scratch", warm, refused)
+        warm = None
+    elif warm:
+        logger.info(
+            "%s changed: warm start from %s", "the source" if same_recipe else "the config", warm
+        )
     summary = train_kge(run_config, resume=False, warm_start=warm, previous=previous)
     record_latest(
         config,
         series,
         {"run": summary["run"], "fingerprint": fingerprint, "results": summary["results"],
-         "url": summary["run"], "previous": warm},
+         "url": summary["run"], "previous": warm, "config_hash": recipe},
     )  # fmt: skip
     return Completed(message="retrained", data={**summary, "changed": True})

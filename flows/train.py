@@ -19,7 +19,7 @@ from prefect import Flow, flow, get_run_logger
 from prefect.artifacts import update_progress_artifact
 from prefect.settings import PREFECT_API_URL
 
-from flows.params import deployment_defaults, resolve_config
+from flows.params import deployment_defaults, flow_run_tag, resolve_config
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
 from kgpipe.launch.dask import open_run_cluster
@@ -68,7 +68,7 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         --set``) apply to either; a bad file, key or value fails the run before any work."""
         t0 = time.perf_counter()
         logger = get_run_logger()
-        config = flow_config(config, config_url, overrides, log=logger.info).with_run_name()
+        config = _named(flow_config(config, config_url, overrides, log=logger.info))
         check_tracking(config.tracking)  # an MLflow server that does not answer: before any work
         with contextlib.ExitStack() as held:
             if lease is None:  # a second flow run of the same run.name is refused here
@@ -115,6 +115,17 @@ def flow_config(
         return resolve_config(config, config_url, overrides, defaults=deployment_defaults, log=log)
     except ConfigError as err:
         raise ConfigError(" ".join(str(err).split())) from None
+
+
+def _named(config: RunConfig) -> RunConfig:
+    """``config`` with its run name: a config without one is named after the flow run
+    (``MODEL-DATASET-RUNNAME-ID``), so that a retry of the flow run resumes its folder (a
+    timestamped name started every retry anew, and `resume` did nothing)."""
+    tag = flow_run_tag() if config.run.name is None else None
+    if tag is None:
+        return config.with_run_name()
+    name = f"{config.model.name}-{config.data.dataset or 'custom'}-{tag}"
+    return config.model_copy(update={"run": config.run.model_copy(update={"name": name})})
 
 
 def _holder() -> str:

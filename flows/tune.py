@@ -37,16 +37,20 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from pydantic import ValidationError
 
+from flows.params import deployment_defaults, flow_run_tag
 from flows.train import flow_config
 from kgpipe.config import RunConfig
 from kgpipe.distributed.clusters import is_address
 from kgpipe.errors import ConfigError
 from kgpipe.tune import SearchSpace, TuneSettings, parse_duration
+from kgpipe.tune.folder import STUDY
 from kgpipe.tune.space import read_space
 from tasks.tune import (
     new_trials_progress,
@@ -57,7 +61,7 @@ from tasks.tune import (
     summarize_study,
 )
 
-__all__ = ["flow_settings", "flow_space", "study_location", "tune_kge"]
+__all__ = ["flow_settings", "flow_space", "run_overrides", "study_location", "tune_kge"]
 
 Pruner = Literal["median", "asha", "hyperband", "none"]
 _TEST_KEYS = ("mrr", "mr", "hits@1", "hits@3", "hits@10")
@@ -102,6 +106,8 @@ def tune_kge(
     of the trials that lost. A bad config, space or budget fails the run before any work."""
     t0 = time.perf_counter()
     logger = get_run_logger()
+    defaults = deployment_defaults()  # {} outside a deployment
+    overrides = run_overrides(config, config_url, overrides, defaults, log=logger.info)
     base = flow_config(config, config_url, overrides, log=logger.info)
     search_space = flow_space(space_url, space)
     settings = flow_settings(
@@ -114,6 +120,12 @@ def tune_kge(
     given |= {"trial_timeout_s": trial_timeout, "cluster": cluster}
     given |= {"threads_per_worker": threads_per_worker, "keep_trials": keep_trials}
     budget = {k: getattr(settings, k) for k, v in given.items() if v not in (None, "")}
+    if settings.name and (Path(settings.root) / settings.name / STUDY).exists():
+        # a resumed study keeps its own budget but for what this run gives: a deployment's
+        # default (trials: 12) is not given (it cut a 40-trial study to 12 on resume)
+        for key, param in (("trials", trials), ("workers", workers), ("timeout_s", timeout)):
+            if key in budget and param == defaults.get(key.removesuffix("_s")):
+                del budget[key]
     folder = open_or_prepare_study(base, search_space, settings, budget)
     table = new_trials_table(folder)  # one table per flow run, updated as trials finish
     progress = new_trials_progress(folder)
@@ -141,6 +153,24 @@ def tune_kge(
     }
     logger.info("done: %s", summary)
     return summary
+
+
+def run_overrides(
+    config: RunConfig | None,
+    config_url: str | None,
+    overrides: list[str] | None,
+    defaults: dict[str, Any],
+    *,
+    log: Callable[[str], None] = print,
+) -> list[str] | None:
+    """The overrides for this run's base config: a deployment's default overrides (the `tune`
+    deployment's short trials) shape its default config, and are not applied to a config the
+    run gives itself (they replaced the user's epochs)."""
+    own = config is not None or config_url != defaults.get("config_url")
+    if overrides and overrides == defaults.get("overrides") and own:
+        log(f"not applying the deployment's default overrides {overrides} to this run's config")
+        return None
+    return overrides
 
 
 def flow_space(space_url: str | None, space: dict[str, Any] | None) -> SearchSpace | None:
@@ -237,9 +267,5 @@ def flow_settings(
 def _flow_run_study_name(base: RunConfig) -> str | None:
     """``tune-MODEL-DATASET-RUNNAME-ID`` of this flow run (the same for a retry of it, which
     then resumes the study); None outside a flow run (the library's timestamped name)."""
-    from prefect.runtime import flow_run
-
-    if not flow_run.id:
-        return None
-    name = "".join(c if c.isalnum() or c == "-" else "-" for c in str(flow_run.name or "run"))
-    return f"tune-{base.model.name}-{base.data.dataset or 'custom'}-{name}-{str(flow_run.id)[:8]}"
+    tag = flow_run_tag()
+    return None if tag is None else f"tune-{base.model.name}-{base.data.dataset or 'custom'}-{tag}"

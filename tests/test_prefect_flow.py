@@ -232,6 +232,16 @@ def test_retrain_warm_starts_and_skips_unchanged(
     third = retrain_kge(config, return_state=True)
     assert third.is_completed() and third.message == "no change"
     assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == runs_before
+    # the series' model changes (another dim), the graph does not: it retrains, from scratch
+    # (it said "no change" while the graph was the same, then every night failed to warm-start
+    # the other dimension, leaving a staged folder each time, force or not)
+    wider = config.model_copy(update={"model": config.model.model_copy(update={"dim": 16})})
+    fourth = retrain_kge(wider, return_state=True)
+    assert fourth.is_completed() and fourth.message == "retrained", fourth.message
+    run4 = Path(fourth.result()["run"])
+    assert not (run4 / "checkpoints" / "epoch-000000").exists()  # no warm start
+    assert load_file(run4 / "model.safetensors")["entity"].shape[1] == 16
+    assert retrain_kge(wider, return_state=True).message == "no change"
 
 
 @pytest.mark.slow
@@ -282,6 +292,33 @@ def test_an_early_stopped_run_shows_its_progress_complete(
     progress = next(a for a in _artifacts(str(state.state_details.flow_run_id))
                     if a.key == "kgpipe-es-progress")  # fmt: skip
     assert float(progress.data) == 100.0
+
+
+def test_a_flow_run_names_an_unnamed_run_after_itself(
+    prefect_env: PrefectServer, tmp_path: Path
+) -> None:
+    """Without run.name the flow's run folder was timestamped, so a retry of the flow run (the
+    `train` deployment resumes by default) started a new folder from epoch 0. It is named after
+    the flow run, as the tune flow names its study: a retry finds its folder."""
+    from prefect.client.orchestration import get_client
+
+    from flows.train import train_kge
+    from kgpipe.config import parse_config
+
+    config = parse_config({
+        "run": {"root": str(tmp_path)},
+        "data": {"dataset": "umls"},
+        "model": {"name": "distmult", "dim": 8},
+        "training": {"epochs": 1, "max_steps_per_epoch": 2},
+        "evaluation": {"test": False},
+    })  # fmt: skip
+    state = train_kge(config, return_state=True)
+    assert state.is_completed(), state.message
+    with get_client(sync_client=True) as c:
+        flow_run = c.read_flow_run(state.state_details.flow_run_id)
+    name = f"distmult-umls-{flow_run.name}-{str(flow_run.id)[:8]}"
+    assert [p.name for p in tmp_path.iterdir() if p.is_dir()] == [name]
+    assert state.result()["run"] == str(tmp_path / name)
 
 
 @pytest.mark.slow

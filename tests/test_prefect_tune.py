@@ -147,6 +147,16 @@ def test_tune_flow_publishes_its_trials_and_resumes(
     )  # fmt: skip
     assert [r["trial"] for r in rows] == list(range(6))
 
+    # run again as a deployment's run whose default budget is 4 trials, with that default: the
+    # study keeps its budget of 6 (a default cut a 40-trial study to 12 when it resumed)
+    import flows.tune
+    from kgpipe.tune.folder import open_study_folder
+
+    monkeypatch.setattr(flows.tune, "deployment_defaults", lambda: {"trials": 4, "workers": 2})
+    third = tune_kge(**params, trials=4, return_state=True)
+    assert third.is_completed(), third.message
+    assert open_study_folder(study_dir).settings.trials == 6
+
 
 @pytest.mark.slow
 def test_killed_flow_process_resumes_the_study_without_repeating_trials(
@@ -318,6 +328,31 @@ def test_the_tune_deployment_defaults_make_a_valid_search(
         workers=params.get("workers", 1), pruner="median", seed=0,
     )  # fmt: skip
     assert settings.trials is not None and settings.trials <= 20
+
+
+def test_a_deployments_default_overrides_are_not_applied_to_a_config_of_the_run() -> None:
+    """The tune deployment's default overrides (20-epoch trials) shape its default config: a
+    run given its own config_url (or config) took them too, and trained 20-epoch trials
+    whatever its config said."""
+    from flows.tune import run_overrides
+    from kgpipe.config import parse_config
+
+    defaults = {"config_url": "configs/umls-complex.yaml", "overrides": ["training.epochs=20"]}
+    said: list[str] = []
+    own = run_overrides(None, "my-graph.yaml", ["training.epochs=20"], defaults, log=said.append)
+    assert own is None and said == [
+        "not applying the deployment's default overrides ['training.epochs=20'] to this run's "
+        "config"
+    ]
+    config = parse_config({"data": {"dataset": "umls"}})
+    default_url = "configs/umls-complex.yaml"
+    assert run_overrides(config, default_url, ["training.epochs=20"], defaults) is None
+    # the default config takes them; overrides given for the run are the run's
+    assert run_overrides(None, default_url, ["training.epochs=20"], defaults) == [
+        "training.epochs=20"
+    ]
+    assert run_overrides(None, "my.yaml", ["training.epochs=5"], defaults) == ["training.epochs=5"]
+    assert run_overrides(None, "my.yaml", ["training.epochs=20"], {}) == ["training.epochs=20"]
 
 
 def test_the_flow_takes_the_settings_the_cli_takes(tmp_path: Path) -> None:

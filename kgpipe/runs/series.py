@@ -10,7 +10,12 @@ from kgpipe.data.dataset import load_dataset
 from kgpipe.runs.folder import retry_policy
 from kgpipe.storage import Store
 
-__all__ = ["latest_of_series", "record_latest_of_series", "source_fingerprint"]
+__all__ = [
+    "latest_of_series",
+    "record_latest_of_series",
+    "source_fingerprint",
+    "warm_start_refusal",
+]
 
 
 def _series_store(config: RunConfig) -> Store:
@@ -31,3 +36,15 @@ def record_latest_of_series(config: RunConfig, series: str, record: dict[str, An
 def source_fingerprint(config: RunConfig) -> str:
     """The content fingerprint of the configured input (all splits)."""
     return load_dataset(config.data, retry=retry_policy(config)).fingerprint
+
+
+def warm_start_refusal(config: RunConfig, previous: str) -> str | None:
+    """Why the series' previous run at ``previous`` cannot warm-start a run of ``config`` (its
+    model is another, or of another dimension: its tables would not fit), or None."""
+    from kgpipe.runs.read import open_run
+
+    _, old = open_run(previous, config.run.storage_options)
+    was, now = (old.model.name, old.model.dim), (config.model.name, config.model.dim)
+    if was != now:
+        return f"its model is {was[0]} of dim {was[1]}, this config's {now[0]} of dim {now[1]}"
+    return None
