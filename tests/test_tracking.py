@@ -375,6 +375,47 @@ def test_mlflow_faults_during_training_are_warnings_and_log_nothing_twice() -> N
     assert tracker.mlflow.logged == [1, 2, 3] and tracker.last_epoch == 3  # type: ignore[union-attr]
 
 
+class _Silent:
+    """An MLflow client whose server has stopped answering: every call times out."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append(name)
+            raise TrackingError("MLflow at http://x: the server did not answer in time")
+
+        return call
+
+
+def test_a_silent_server_is_tried_ever_less_often_and_not_again_at_the_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each try at a server that stopped answering costs a timeout and retries (~48 s) in
+    the training loop, and the end of the run made three more: the tries double their
+    distance (60 s, 120 s, ...), and the end makes none after a failed one."""
+    from kgpipe.training.records import EpochStats
+
+    config = _config(Path("/tmp"), "x", "http://x:1")
+    run = type("Run", (), {"config": config, "url": "/tmp/x", "store": None})()
+    warnings: list[str] = []
+    tracker = RunTracker(run, warn=warnings.append, retry_after_s=60.0)
+    tracker.mlflow, tracker.run_id = _Silent(), "id"  # type: ignore[assignment]
+    monkeypatch.setattr(tracker, "_save", lambda: None)
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    view = type("View", (), {"history": []})()
+    for epoch in range(1, 8):  # an epoch every 50 s: tries at 50, 150, 300 (60, 120, 240 s on)
+        clock[0] += 50.0
+        tracker.on_epoch_end(view, EpochStats(epoch, 1.0, 10, 0.1, 0.1, 1))  # type: ignore[arg-type]
+    assert [w.split("next try in ")[1] for w in warnings] == ["60 s)", "120 s)", "240 s)"]
+    before = len(tracker.mlflow.calls)  # type: ignore[union-attr]
+    tracker.finish({"mrr": 0.5}, [{"epoch": 7, "loss": 1.0}])
+    assert len(tracker.mlflow.calls) == before + 1  # type: ignore[union-attr]  # one epoch log
+    assert "was left as it is" in warnings[-1] and tracker.ended
+
+
 def test_errors_are_kgpipe_errors() -> None:
     assert issubclass(TrackingError, KgpipeError)  # the CLI prints them as one line
 

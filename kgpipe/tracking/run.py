@@ -122,6 +122,7 @@ class RunTracker(Callback):
         self.continued = False  # an MLflow run of an earlier start of this run folder
         self.ended = False
         self._retry_at = 0.0
+        self._failed = 0  # calls failed in a row: each waits twice as long for the next try
         self._verify = False  # after a failed log, ask MLflow what it has before logging again
 
     # -- start ---------------------------------------------------------------------------------
@@ -200,12 +201,17 @@ class RunTracker(Callback):
                 self.last_epoch = max(self.last_epoch, self.mlflow.last_epoch(self.run_id))
                 self._verify = False
             self.last_epoch = self.mlflow.log_epochs(self.run_id, rows, after=self.last_epoch)
+            self._failed = 0
         except TrackingError as err:
+            # a server that stopped answering costs a timeout and retries per try (~48 s), in
+            # the training loop: tries get rarer while it stays silent (60 s, 120 s, ... 1 h)
+            wait = min(self.retry_after_s * 2**self._failed, 3600.0)
+            self._failed += 1
             self._verify = True
-            self._retry_at = time.monotonic() + self.retry_after_s
+            self._retry_at = time.monotonic() + wait
             self.warn(
                 f"{err}; training goes on, and the epochs are logged when MLflow answers again "
-                f"(next try in {self.retry_after_s:g} s)"
+                f"(next try in {wait:g} s)"
             )
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
@@ -235,6 +241,12 @@ class RunTracker(Callback):
             return
         self._retry_at = 0.0
         self._log_epochs(history)
+        if self._failed:  # it did not answer just now: not three more timeouts at the end
+            self.warn(f"the MLflow run {self.run_id} was left as it is; the run's results are "
+                      f"in {self.run.url}")  # fmt: skip
+            self.ended = True
+            self._save()
+            return
         last = max((int(h["epoch"]) for h in history), default=0)
         try:
             self.mlflow.log_metrics(self.run_id, final_metrics(results), step=last)
