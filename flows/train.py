@@ -68,7 +68,8 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         --set``) apply to either; a bad file, key or value fails the run before any work."""
         t0 = time.perf_counter()
         logger = get_run_logger()
-        config = _named(flow_config(config, config_url, overrides, log=logger.info))
+        config = flow_config(config, config_url, overrides, log=logger.info)
+        config = _named(config) if resume else config.with_run_name()
         check_tracking(config.tracking)  # an MLflow server that does not answer: before any work
         with contextlib.ExitStack() as held:
             if lease is None:  # a second flow run of the same run.name is refused here
@@ -120,7 +121,8 @@ def flow_config(
 def _named(config: RunConfig) -> RunConfig:
     """``config`` with its run name: a config without one is named after the flow run
     (``MODEL-DATASET-RUNNAME-ID``), so that a retry of the flow run resumes its folder (a
-    timestamped name started every retry anew, and `resume` did nothing)."""
+    timestamped name started every retry anew, and `resume` did nothing). Only for a flow
+    that resumes: without, a retry under the same name would find the folder it made."""
     tag = flow_run_tag() if config.run.name is None else None
     if tag is None:
         return config.with_run_name()

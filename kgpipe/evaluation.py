@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from kgpipe.models.model import KGEModel
-from kgpipe.query_candidates import Candidates
+from kgpipe.query_candidates import Candidates, count_better
 from kgpipe.query_candidates import ranks as per_query_ranks
 
 __all__ = [
@@ -128,9 +128,7 @@ def realistic_ranks(
     ``(filter_rows, filter_cols)`` are positions of known true answers; they (and the target
     itself) are excluded from the comparison. ``scores`` is modified in place; the index
     tensors may live on another device than the scores (they are moved). A NaN score is
-    counted against the answer (``~(score <= true)``, here and in every ranking): a NaN
-    candidate is better, a NaN answer is below every column, so a diverged model ranks last
-    rather than first (every comparison with NaN is false, which gave it rank 1).
+    counted against the answer, here and in every ranking (:func:`count_better`).
     """
     dev = scores.device
     targets, filter_rows, filter_cols = targets.to(dev), filter_rows.to(dev), filter_cols.to(dev)
@@ -139,7 +137,7 @@ def realistic_ranks(
     scores[filter_rows, filter_cols] = float("-inf")
     scores[rows, targets] = float("-inf")
     col = true.unsqueeze(1)
-    better = (~(scores <= col)).sum(1)
+    better = count_better(scores, col)
     equal = (scores == col).sum(1)
     return 1.0 + better.double() + equal.double() / 2.0
 
@@ -282,7 +280,7 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
         a, z = bounds[k], bounds[k + 1]
         block[f_rows[a:z], f_cols[a:z] - lo] = float("-inf")
         block[mine, cols] = float("-inf")
-        better += (~(block <= col)).sum(1)
+        better += count_better(block, col)
         equal += (block == col).sum(1)
     return 1.0 + better.double() + equal.double() / 2.0
 
@@ -371,7 +369,7 @@ def split_block_ranks(
     block[f_rows[keep], f_pos[keep]] = float("-inf")
     block[mine, cols] = float("-inf")
     col = true.unsqueeze(1)
-    counts = torch.stack(((~(block <= col)).sum(1), (block == col).sum(1)))
+    counts = torch.stack((count_better(block, col), (block == col).sum(1)))
     dist.all_reduce(counts)
     return 1.0 + counts[0].double() + counts[1].double() / 2.0
 

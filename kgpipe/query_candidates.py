@@ -47,6 +47,7 @@ __all__ = [
     "Candidates",
     "FileCandidates",
     "QueryCandidates",
+    "count_better",
     "count_ranks",
     "known_mask",
     "pair_scores",
@@ -182,12 +183,24 @@ def known_mask(
     return torch.isin(mine, keys)
 
 
+def count_better(block: Tensor, true: Tensor) -> Tensor:
+    """Per row, the columns of ``block`` that rank above the answer's score ``true`` (a column
+    of ``(b, 1)``), where masked columns (known answers, the target, non-candidates) hold
+    ``-inf``. NaN counts against the answer: a NaN candidate is better, and a NaN answer ranks
+    below every column that is not masked (every comparison with NaN is false, which ranked a
+    diverged model's answers first)."""
+    better = (block > true) | block.isnan()
+    if bool(true.isnan().any()):
+        better |= true.isnan() & (block != float("-inf"))
+    return better.sum(1)
+
+
 def count_ranks(scores: Tensor, excluded: Tensor) -> tuple[Tensor, Tensor]:
     """Better and equal candidates per query: ``scores`` ``(b, 1 + k)`` holds the answer's
     score in column 0; ``excluded`` ``(b, k)`` marks candidates that do not count."""
     true = scores[:, :1]
     others = scores[:, 1:].masked_fill(excluded.to(scores.device), float("-inf"))
-    return (~(others <= true)).sum(1), (others == true).sum(1)
+    return count_better(others, true), (others == true).sum(1)
 
 
 def ranks(

@@ -301,8 +301,12 @@ class Store:
                 os.rmdir(path)
 
     def remove(self, rel: str = "", *, recursive: bool = True) -> None:
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):  # a retry after a delete that landed
+                self.fs.rm(self.path(rel), recursive=recursive)  # but whose answer was lost
+
         if self.exists(rel):
-            self._do("delete", rel, lambda: self.fs.rm(self.path(rel), recursive=recursive))
+            self._do("delete", rel, rm)
 
 
 def read_url(

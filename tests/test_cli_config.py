@@ -114,3 +114,21 @@ def test_errors_name_the_closest_key_and_blame_the_set_value_not_the_file(
         line.startswith("  training.lr: ") and line.endswith("(--set training.lr=abc)")
         for line in err.splitlines()
     ), err
+
+
+def test_set_takes_a_text_value_as_typed() -> None:
+    """`--set` values were read as YAML whatever the key: `data.delimiter=|` became '', `#`
+    and `!` became null (a tab-separated read, silently), `,` was a YAML error, and
+    `run.name=2024` a number the config refused (`0123`: 83). Text keys take the text; null
+    and quoted values, and every other key, are YAML as before."""
+    from kgpipe.config import load_config
+
+    base = str(REPO / "configs/umls-complex.yaml")
+    for delimiter in ("|", "#", "!", ",", " ", ";"):
+        assert load_config(base, [f"data.delimiter={delimiter}"]).data.delimiter == delimiter
+    config = load_config(base, ["run.name=2024", "tracking.experiment=0123",
+                                "model.dim=64", "training.lr=1e-3", "run.name='x-y'"])  # fmt: skip
+    assert (config.run.name, config.tracking.experiment) == ("x-y", "0123")
+    assert (config.model.dim, config.training.lr) == (64, 0.001)
+    assert load_config(base, ["run.name=2024"]).run.name == "2024"
+    assert load_config(base, ["data.delimiter=null"]).data.delimiter is None

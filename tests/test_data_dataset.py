@@ -331,6 +331,12 @@ def test_a_row_of_only_commas_is_blank(tmp_path: Path, blank: str, suffix: str) 
     with pytest.raises(DataError) as info:  # a row with one empty field is still refused
         load_dataset(DataConfig(train=str(train), delimiter=","))
     assert str(info.value).startswith(f"{train}, line 3: empty head field"), info.value
+    valid = tmp_path / f"valid{suffix}"  # an unseen label is named at its line, past the row
+    train.write_text("a,r,b\n", encoding="utf-8")
+    valid.write_text(f"a,r,b\n{blank}\nz,r,a\n", encoding="utf-8")
+    with pytest.raises(DataError) as info:
+        load_dataset(DataConfig(train=str(train), valid=str(valid), delimiter=",", unseen="error"))
+    assert str(info.value).startswith(f"{valid}, line 3:"), info.value
 
 
 def test_load_ntriples_literals(tmp_path: Path) -> None:

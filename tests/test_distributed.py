@@ -429,7 +429,9 @@ def test_a_diverged_gang_is_not_relaunched(tmp_path: Path) -> None:
             "model": {"name": "complex", "dim": 8}, "training": {"epochs": 2, "lr": 1e20},
             "distributed": {"workers": 2},
             "fault_tolerance": {"max_restarts": 3, "restart_backoff_s": 0.1}}  # fmt: skip
-    with pytest.raises(RunError, match="training diverged") as info:
+    from kgpipe.errors import Diverged
+
+    with pytest.raises(Diverged, match="training diverged") as info:  # (a search prunes it)
         train(parse_config(data))
     assert "restart" not in str(info.value), info.value
 
@@ -457,6 +459,13 @@ def test_a_gang_leaves_no_trainer_in_its_workers(tmp_path: Path) -> None:
         for until in (1, 2, 3):
             make_launcher(run, client=client).train_until(until)
             assert set(client.run(_trainers_alive).values()) == {0}
+        # nor a gang that failed: its traceback held the rank's frames, and so its trainer
+        data["training"] = {"epochs": 4, "lr": 1e20}
+        data["run"] = {**data["run"], "name": "failed"}
+        failed = prepare_run(parse_config(data))
+        with pytest.raises(RunError, match="diverged"):
+            make_launcher(failed, client=client).train_until(4)
+        assert set(client.run(_trainers_alive).values()) == {0}
 
 
 def test_three_ranks_agree_on_how_to_exchange_a_step(tmp_path: Path) -> None:
@@ -510,5 +519,8 @@ def test_an_existing_schedulers_workers_size_their_threads_themselves() -> None:
                       dashboard_address=None, host="127.0.0.1") as outside:  # fmt: skip
         with open_cluster(outside.scheduler_address, workers=1) as client:
             assert list(client.run(_threads_here).values()) == [("3", 3)]
+            from kgpipe.launch.rank import rank_threads  # what a rank (a task) takes
+
+            assert client.submit(rank_threads, None, pure=False).result() == 3
         with open_cluster(outside.scheduler_address, workers=1, threads_per_worker=2) as client:
             assert list(client.run(_threads_here).values()) == [("2", 2)]

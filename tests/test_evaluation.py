@@ -437,7 +437,7 @@ def test_a_diverged_model_ranks_last_not_first(
     every answer first (MRR 1.0, and the "best" checkpoint of a diverged run). A NaN candidate
     now counts as better than the answer, and a NaN answer below every column."""
     import kgpipe.evaluation as ev
-    from kgpipe.query_candidates import count_ranks
+    from kgpipe.query_candidates import count_better, count_ranks
 
     if block is not None:
         monkeypatch.setattr(ev, "BLOCK", block)
@@ -453,8 +453,17 @@ def test_a_diverged_model_ranks_last_not_first(
         model.entity.fill_(float("nan"))
     for result in (evaluate(model, test, index), evaluate(model, test, index, sampled=5)):
         assert result["mrr"] < 2.0 / 5, result
-    assert evaluate(model, test, index)["mr"] >= ne
-    nan = float("nan")
+    # a NaN answer ranks last among the candidates that are not filtered out: not past them
+    h, r, t = test.T
+    rows, cols = index.answers("tail", h, r)
+    known = torch.zeros(len(test), ne, dtype=torch.bool)
+    known[rows, cols] = True
+    known[torch.arange(len(test)), t] = False
+    last = 1.0 + (ne - 1) - known.sum(1).double()  # every other entity not filtered
+    got = evaluate(model, test, index)
+    assert got["tail"]["mr"] == pytest.approx(float(last.mean()))
+    nan, inf = float("nan"), float("inf")
     better, equal = count_ranks(torch.tensor([[nan, 1.0, 2.0], [1.0, nan, 0.5]]),
-                                torch.zeros(2, 2, dtype=torch.bool))  # fmt: skip
-    assert better.tolist() == [2, 1] and equal.tolist() == [0, 0]
+                                torch.tensor([[False, True], [False, False]]))  # fmt: skip
+    assert better.tolist() == [1, 1] and equal.tolist() == [0, 0]
+    assert count_better(torch.tensor([[1.0, -inf, nan]]), torch.tensor([[nan]])).tolist() == [2]

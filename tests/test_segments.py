@@ -124,6 +124,7 @@ def test_a_staging_that_stopped_is_staged_again_with_its_warm_start(
     with pytest.raises(StorageError):
         stage.prepare_run(config, warm_start=previous)
     assert not is_staged(run_store(config))  # not taken for staged by a retry
+    stage.preflight(config)  # nor refused by kgpipe train's check before the flow
     run = stage.prepare_run(config, warm_start=previous)  # the retry: staged again
     assert [c.epoch for c in run.checkpoints().committed()] == [0]
     assert is_staged(run_store(config))

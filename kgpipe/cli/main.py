@@ -70,6 +70,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as err:  # a storage fault no layer named (a run root that is a file, a
+        # missing bucket): one line with the path the system gave, not a traceback
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
+        return 2
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

@@ -109,12 +109,44 @@ def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[s
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected key.path=value")
         path, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw != "" else ""
-        except yaml.YAMLError as err:
-            raise ConfigError(f"--set {item!r}: the value{yaml_error(err, raw)}") from None
+        if _text_field(path.strip()) and raw not in _NULLS and raw[:1] not in ("'", '"'):
+            value: Any = raw  # a name or a delimiter as typed: YAML read "|" as "", "#" as
+            # null, "2024" as a number and "," as an error
+        else:
+            try:
+                value = yaml.safe_load(raw) if raw != "" else ""
+            except yaml.YAMLError as err:
+                raise ConfigError(f"--set {item!r}: the value{yaml_error(err, raw)}") from None
         _set_path(tree, path.strip(), value)
     return tree
+
+
+_NULLS = ("null", "Null", "NULL", "~")
+
+
+def _text_field(path: str) -> bool:
+    """Whether the config key ``path`` holds plain text (``str`` or ``str | None``)."""
+    import types
+    import typing
+
+    from pydantic import BaseModel
+
+    model: Any = RunConfig
+    *sections, leaf = path.split(".")
+    for key in sections:
+        field = getattr(model, "model_fields", {}).get(key)
+        model = field.annotation if field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return False
+    field = getattr(model, "model_fields", {}).get(leaf)
+    if field is None:
+        return False
+    kinds = (
+        typing.get_args(field.annotation)
+        if isinstance(field.annotation, types.UnionType)
+        else (field.annotation,)
+    )
+    return str in kinds and set(kinds) <= {str, type(None)}
 
 
 def yaml_error(err: yaml.YAMLError, text: str = "") -> str:

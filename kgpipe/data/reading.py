@@ -377,7 +377,7 @@ def row_line(
         line = raw.decode("utf-8", errors="replace")
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
-        if not line or line[0] == "#" or line.isspace():
+        if skipped_line(line, delimiter):  # as the fast reader skips them
             continue
         if skip:
             skip = False

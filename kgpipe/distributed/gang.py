@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed import Client, Future, Queue
 
-from kgpipe.errors import ConfigError, Diverged, Fenced, KgpipeError, StorageFull
+from kgpipe.errors import ConfigError, Diverged, Fenced, KgpipeError, RunError, StorageFull
 from kgpipe.training.hooks import NotInViewError
 
 log = logging.getLogger("kgpipe.distributed")
@@ -32,11 +32,21 @@ class GangError(KgpipeError):
     asked for what its view does not offer, the run root is full, or the rank may no longer
     commit: its run folder's lease was taken over)."""
 
-    def __init__(self, message: str, *, rank: int, worker: str, retryable: bool = True) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int,
+        worker: str,
+        retryable: bool = True,
+        kind: type[RunError] = RunError,
+    ) -> None:
         super().__init__(message)
         self.rank = rank
         self.worker = worker
         self.retryable = retryable
+        self.kind = kind  # what the driver raises when it is not retried (Diverged: a trial's
+        # search tells a diverged config from a failed one)
 
 
 def _on_worker(client: Client, fn: Callable[[], Any], addr: str, timeout_s: float = 60) -> Any:
@@ -169,6 +179,7 @@ def launch_gang(
                         retryable=not isinstance(
                             exc, ConfigError | NotInViewError | StorageFull | Fenced | Diverged
                         ),
+                        kind=Diverged if isinstance(exc, Diverged) else RunError,
                     )
                 if fut.status == "cancelled":
                     raise GangError(

@@ -32,6 +32,7 @@ from kgpipe.models.model import KGEModel
 from kgpipe.query_candidates import (
     PAIRS,
     Candidates,
+    count_better,
     count_ranks,
     known_mask,
     pair_scores,
@@ -171,7 +172,7 @@ def _blocked_ranks(
         a, z = bounds[k], bounds[k + 1]
         block[f_rows[a:z], f_pos[a:z] - lo] = float("-inf")
         block[m_rows, m_cols] = float("-inf")
-        counts[0] += (~(block <= col)).sum(1)
+        counts[0] += count_better(block, col)
         counts[1] += (block == col).sum(1)
     dist.all_reduce(counts)
     if bool(counts[2].any()):

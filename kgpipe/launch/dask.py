@@ -228,7 +228,7 @@ class DaskLauncher:
                 return
             except GangError as err:
                 if not err.retryable:  # the same configuration would fail the same way again
-                    raise RunError(f"{run.url}: {err}") from None
+                    raise err.kind(f"{run.url}: {err}") from None
                 self._restarts += 1
                 if self._restarts > ft.max_restarts:
                     raise RunError(

@@ -13,6 +13,7 @@ import datetime as dt
 import gc
 import os
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,7 +155,8 @@ def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
         update={"run": config.run.model_copy(update={"storage_options": spec.storage_options})}
     )
     dcfg, t = config.distributed, config.training
-    configure(threads=spec.threads, allocator=t.allocator, deterministic=t.deterministic)
+    threads = rank_threads(spec.threads)
+    configure(threads=threads, allocator=t.allocator, deterministic=t.deterministic)
     run = RunFolder(config=config, **spec.run)
     device = resolve_device(t.device, cluster=dcfg.cluster)
     if device.type == "cuda":
@@ -178,6 +180,19 @@ def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
             torch.cuda.empty_cache()
 
 
+def rank_threads(threads: int | None) -> int | None:
+    """A rank's torch threads: ``threads``, else (an existing scheduler's worker, sized on its
+    own host) the worker's Dask thread count; None outside a worker."""
+    if threads:
+        return threads
+    try:
+        from distributed import get_worker
+
+        return int(get_worker().state.nthreads) or None
+    except ValueError:  # not in a worker
+        return None
+
+
 def shared_triples(run: RunFolder, world_size: int) -> SharedTriples | None:
     """The machine's one mapped copy of the training triples for a rank of a step-synchronised
     gang of ``world_size`` > 1 (``distributed.share_triples``); None: the rank reads its own."""
@@ -193,13 +208,17 @@ def rank_main(spec: RankSpec) -> dict[str, Any]:
     validates and commits checkpoints. Returns where the rank stopped (no tensors: the state is
     in the checkpoint store)."""
     with joined(spec) as (run, device):
-        return _train(spec, run, device)
+        try:
+            return _train(spec, run, device)
+        except BaseException as err:  # its traceback would keep the trainer past the gang
+            traceback.clear_frames(err.__traceback__)
+            raise
 
 
 def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any]:
     config, store = run.config, run.store
     dcfg, t = config.distributed, config.training
-    governor = ThreadGovernor(spec.threads).start() if spec.adapt_threads else None
+    governor = ThreadGovernor(rank_threads(spec.threads)).start() if spec.adapt_threads else None
     shared: SharedTriples | None = None
     try:
         step_sync, lead = dcfg.sync == "step", spec.rank == 0

@@ -97,7 +97,7 @@ def preflight(
     exists = store.exists(CONFIG)
     if exists and resume:
         return check_resumable(store, config).config
-    if exists and not overwrite:
+    if exists and not overwrite and is_staged(store):  # (one whose staging stopped: again)
         raise run_exists_error(store.url)
     versions = file_versions(config.data) if keep else None
     dataset = load_dataset(config.data, retry=retry_policy(config))
