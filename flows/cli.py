@@ -160,5 +160,7 @@ def run(
         finally:
             forget_parsed()  # a flow that failed before its staging: not kept past it
     store = run_store(config)
-    results = json.loads(store.read_text(RESULTS)) if store.exists(RESULTS) else None
+    # the results of this flow run: a resume that did not test leaves an earlier results.json
+    tested = summary.get("results") is not None and store.exists(RESULTS)
+    results = json.loads(store.read_text(RESULTS)) if tested else None
     return str(summary["run"]), results

@@ -63,7 +63,10 @@ class Store:
         self.url = url.rstrip("/") or url
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryPolicy()
-        self.fs, self.root = url_to_fs(self.url, **self.storage_options)
+        try:
+            self.fs, self.root = url_to_fs(self.url, **self.storage_options)
+        except (ValueError, ImportError) as err:  # "Protocol not known", "install gcsfs"
+            raise StorageError(f"{self.url}: cannot open this storage URL ({err})") from None
         self.local = "file" in _protocols(self.fs)
 
     def _do(self, what: str, rel: str, fn: Callable[[], T]) -> T:

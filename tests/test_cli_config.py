@@ -132,3 +132,23 @@ def test_set_takes_a_text_value_as_typed() -> None:
     assert (config.model.dim, config.training.lr) == (64, 0.001)
     assert load_config(base, ["run.name=2024"]).run.name == "2024"
     assert load_config(base, ["data.delimiter=null"]).data.delimiter is None
+
+
+def test_the_json_form_hides_what_the_yaml_form_hides(capsys: pytest.CaptureFixture[str]) -> None:
+    """`kgpipe config --json` printed a password given in tracking.uri (the YAML hid it)."""
+    argv = ["config", "-c", str(REPO / "configs/umls-complex.yaml"),
+            "--set", "tracking.uri=https://alice:s3cret@mlflow.example.com", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "s3cret" not in out and json.loads(out)["tracking"]["uri"].startswith(
+        "https://alice:***@"
+    )
+
+
+def test_a_storage_url_nothing_can_open_is_one_line() -> None:
+    """A run root of an unknown scheme (or one whose package is missing) was a traceback."""
+    from kgpipe.errors import StorageError
+    from kgpipe.storage import Store
+
+    with pytest.raises(StorageError, match=r"foo://x: cannot open this storage URL \(Protocol"):
+        Store("foo://x")

@@ -7,7 +7,7 @@ import os
 import re
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,6 +27,7 @@ class _View:
     steps: int = 10  # per epoch
     epoch: int = 0
     global_step: int = 0
+    history: list[EpochStats] = field(default_factory=list)
 
     @property
     def total_steps(self) -> int:
@@ -84,6 +85,20 @@ def test_on_a_terminal_one_bar_for_the_whole_run() -> None:
     assert "loss 9.0" not in text
     assert len(progress.progress.tasks) == 1 and progress.task is None  # one bar, closed
     assert text.count("valid MRR 0.5500 (best") == 1  # one line at each validation
+
+
+def test_a_resumed_run_says_its_best_validation_from_before() -> None:
+    """After --resume the line said "best" of this process's epochs only (0.5685 at epoch 6
+    where the run's best was 0.5755 at epoch 5)."""
+    out = io.StringIO()
+    progress = TrainProgress(Console(file=out, force_terminal=False, width=200))
+    view = _View(epochs=6, epoch=5, global_step=50)
+    view.history = [EpochStats(5, 1.0, 1000, 0.5, 0.1, 10, {"valid_mrr": 0.5755})]
+    progress.on_train_start(cast(TrainerView, view))
+    stats = EpochStats(6, 1.0, 1000, 0.5, 0.1, 10, {"valid_mrr": 0.5685})
+    progress.on_epoch_end(cast(TrainerView, view), stats)
+    progress.close()
+    assert "valid MRR 0.5685 (best 0.5755 at epoch 5)" in out.getvalue(), out.getvalue()
 
 
 def test_the_run_is_announced_once_not_at_every_validation(

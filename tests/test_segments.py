@@ -130,3 +130,18 @@ def test_a_staging_that_stopped_is_staged_again_with_its_warm_start(
     assert is_staged(run_store(config))
     with pytest.raises(RunError, match="a run with this name exists"):
         stage.prepare_run(config)  # a finished staging is still not overwritten
+
+
+def test_a_resume_that_does_not_test_leaves_no_earlier_test_results(tmp_path: Path) -> None:
+    """results.json held the test metrics of the model an earlier finish chose; a resume that
+    trained on without testing left them beside another model (and the Prefect path printed
+    them as the run's)."""
+    base = {"run": {"root": str(tmp_path), "name": "r"}, "data": {"dataset": "umls"},
+            "model": {"name": "distmult", "dim": 8},
+            "training": {"epochs": 1, "max_steps_per_epoch": 2}}  # fmt: skip
+    assert train(parse_config(base)).results is not None
+    assert (tmp_path / "r" / "results.json").exists()
+    longer = {**base, "training": {"epochs": 2, "max_steps_per_epoch": 2},
+              "evaluation": {"test": False}}  # fmt: skip
+    assert train(parse_config(longer), resume=True).results is None
+    assert not (tmp_path / "r" / "results.json").exists()

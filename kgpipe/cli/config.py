@@ -86,7 +86,7 @@ def _commented_yaml(keys: list[Key]) -> str:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from kgpipe.config import RunConfig, config_to_yaml, load_config
+    from kgpipe.config import RunConfig, config_to_yaml, load_config, redact_secrets
     from kgpipe.config.keys import config_keys
     from kgpipe.errors import ConfigError
 
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.config is not None:
         config = load_config(args.config, args.set or [])
         if args.json:
-            print(json.dumps(json.loads(config.model_dump_json()), indent=2))
+            print(json.dumps(redact_secrets(config), indent=2))  # as the YAML: no secrets
         else:
             print(config_to_yaml(config), end="")
         return 0

@@ -52,6 +52,11 @@ class TrainProgress(Callback):
         self.best: tuple[float, int] | None = None
 
     def on_train_start(self, trainer: TrainerView) -> None:
+        if self.best is None:  # a resumed run's best may be an epoch from before
+            for h in trainer.history:
+                valid = h.extra.get("valid_mrr")
+                if valid is not None and (self.best is None or valid > self.best[0]):
+                    self.best = (float(valid), h.epoch)
         if not self.live:
             if self.started is None:  # the periodic lines count from the first step
                 self.started = self.last_line = time.monotonic()

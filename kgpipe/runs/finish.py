@@ -233,6 +233,8 @@ def _test_and_export(
             "resumed_from_epoch": run.resumed_epoch,
         }
         store.write_json(RESULTS, results)
+    elif store.exists(RESULTS):  # an earlier finish's test of another model: not this one's
+        store.remove(RESULTS)
     if sharded:
         assert chosen is not None
         # a part per shard, from the checkpoint's shard tensors (one shard at a time)
