@@ -9,8 +9,8 @@ The state file's name carries a random token, so an attempt that failed half-way
 writer) can never overwrite bytes that a committed manifest points to. A checkpoint exists only
 once its manifest does; "latest" is the newest one whose manifest exists and whose files match
 their checksums (:mod:`kgpipe.checksums`); incomplete or corrupt ones are skipped with a warning.
-Committed manifests are never overwritten; retention removes a manifest first, so a
-half-deleted checkpoint is an uncommitted one.
+Committed manifests are created, never overwritten (a stale writer's commit of the same epoch
+fails); retention removes a manifest first, so a half-deleted checkpoint is an uncommitted one.
 
 A sharded run's ranks each write their shards' file; rank 0 commits the manifest listing them all
 (:mod:`kgpipe.sharded_tensors`). Tensors are stored with safetensors (no pickle); the rest is JSON.
@@ -86,8 +86,7 @@ class Checkpoint:
 
     @property
     def valid_mrr(self) -> float | None:
-        v = self.manifest.get("valid_mrr")
-        return None if v is None else float(v)
+        return None if (v := self.manifest.get("valid_mrr")) is None else float(v)
 
 
 def _dir(epoch: int) -> str:
@@ -173,9 +172,10 @@ class CheckpointStore:
         }
         if self.fence is not None:
             self.fence()
-        if self.store.exists(manifest_rel):
-            raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed concurrently")
-        self.store.write_json(manifest_rel, manifest)
+        try:  # created, never replaced: a writer stalled past its fence can't overwrite a manifest
+            self.store.create(manifest_rel, (json.dumps(manifest, indent=2) + "\n").encode())
+        except FileExistsError:  # its successor committed (and may have removed its files)
+            raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed twice") from None
         return Checkpoint(self.store.url_of(folder), epoch, manifest)
 
     def _discard_own(self, folder: str, name: str) -> None:

@@ -815,3 +815,22 @@ def test_a_cluster_kgpipe_starts_checks_heartbeats_ten_times_per_ttl() -> None:
             lambda dask_scheduler: dask_scheduler.periodic_callbacks["worker-ttl"].callback_time
         )
     assert every == 1000  # ms; Dask's default would be the ttl itself, 10,000
+
+
+def test_a_stale_writers_commit_cannot_replace_a_committed_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that passed its fence and stalled before writing its manifest, while a new
+    writer took over and committed the same epoch (removing the stale one's state file as
+    uncommitted), overwrote the committed manifest with one naming the removed file: the
+    epoch's checkpoint was lost. The manifest is created, never replaced."""
+    store = CheckpointStore(Store(str(tmp_path)))
+    committed = store.save(_state(1), {})
+    stale = {"state-stale.safetensors": {"bytes": 1}}
+    seen = store.store.exists  # the stale writer looked before its successor committed
+    monkeypatch.setattr(store.store, "exists", lambda rel="": seen(rel) and "manifest" not in rel)
+    with pytest.raises(CheckpointError, match="committed twice"):
+        store.commit(1, 1, [], stale, {})
+    monkeypatch.undo()
+    latest = store.latest()
+    assert latest is not None and latest[0].manifest == committed.manifest
