@@ -260,3 +260,34 @@ def test_a_holder_that_exited_but_was_not_reaped_is_gone() -> None:
     assert not _holder_gone(live)  # a running process holds its lease
     proc.wait()
     assert _holder_gone(record)  # reaped: gone
+
+
+def test_a_record_being_written_is_not_an_expired_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without hard links a lease record is created empty, then written. A second writer that
+    read it in between took it for a lease renewed in 1970 (expired) and took the folder from
+    a writer that had just acquired it. It looks again instead."""
+    import kgpipe.runs.lease as lease
+
+    first = RunLease(Store(str(tmp_path)), ttl_s=60.0, holder="the first")
+    first.acquire()
+    real, torn = lease._read, [{}]
+    monkeypatch.setattr(lease, "_read", lambda store, n: torn.pop() if torn else real(store, n))
+    with pytest.raises(RunError, match="another writer is using this run folder: the first"):
+        RunLease(Store(str(tmp_path)), ttl_s=60.0, holder="the second").acquire()
+    first.check()  # still the holder
+    first.release()
+
+
+def test_two_writers_of_one_record_leave_one(tmp_path: Path) -> None:
+    """Where a store's create is not atomic, two writers racing for one record both held it,
+    and every check, renewal and commit fence passed for both. The writer whose record is
+    not the one stored stops at its next check."""
+    first = RunLease(Store(str(tmp_path)), ttl_s=60.0, holder="the first")
+    first.acquire()
+    rel = next((tmp_path / "lease").iterdir())
+    record = json.loads(rel.read_text())
+    rel.write_text(json.dumps({**record, "holder": "the second", "token": "b" * 32}))
+    with pytest.raises(LeaseLost, match="is also the second"):
+        first.check()

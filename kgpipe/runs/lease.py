@@ -139,11 +139,14 @@ class RunLease:
 
     def acquire(self) -> None:
         """Take the run folder, or raise :class:`RunError` naming the writer that holds it."""
-        for _ in range(3):  # a release or an expiry may race with us; look again
+        for attempt in range(3):  # a release or an expiry may race with us; look again
             numbers = _records(self.store)
             newest = numbers[-1] if numbers else 0
             if newest:
                 current = _read(self.store, newest)
+                if not current and attempt < 2:  # being written (a file system without hard
+                    time.sleep(0.5)  # links creates it empty first): not an expired lease
+                    continue
                 now = time.time()
                 age = now - float(current.get("renewed", 0.0))
                 ttl = float(current.get("ttl_s", self.ttl_s))
@@ -200,6 +203,15 @@ class RunLease:
             raise self.lost
         if self._held is not None:
             check_holder(self.store, self._held.number)
+            record = _read(self.store, self._held.number)
+            if record and record.get("token") != self._held.record["token"]:
+                # two writers created the same record (a store whose create is not atomic):
+                # the one whose record is there goes on, this one stops
+                raise LeaseLost(
+                    f"{self.store.url}: lease record {self._held.number} is also "
+                    f"{describe_holder(record)}'s (this store's create is not atomic); this "
+                    "writer stops here without committing"
+                )
 
     def renew(self) -> None:
         """Write a new renewal time, unless the run folder was taken over (then raise)."""
