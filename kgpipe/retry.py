@@ -30,6 +30,11 @@ _PERMANENT = (
     KeyError,
 )
 _PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "ParamValidationError"}
+# the client's own set-up (a mistyped AWS_PROFILE, no region): not the store's passing fault
+_SETUP_NAMES = {"ProfileNotFound", "NoRegionError", "InvalidRegionError", "UnknownServiceError"}
+# what s3fs makes of a request the store refused for good (InvalidBucketName, InvalidArgument,
+# MalformedXML, NotImplemented, ...: EINVAL; EntityTooLarge: EMSGSIZE); 5xx are EREMOTEIO/EBUSY
+_PERMANENT_ERRNOS = {errno.EINVAL, errno.EMSGSIZE, errno.ENOTEMPTY}
 # what object stores answer when a bucket's quota or the servers' disks are full
 _OUT_OF_SPACE_CODES = {
     "QuotaExceeded",
@@ -50,7 +55,9 @@ def is_out_of_space(err: BaseException) -> bool:
 
 def is_transient(err: BaseException) -> bool:
     """Whether ``err`` looks like a passing object-store/network fault worth retrying."""
-    if isinstance(err, _PERMANENT) or type(err).__name__ in _PERMANENT_NAMES:
+    if isinstance(err, _PERMANENT) or type(err).__name__ in _PERMANENT_NAMES | _SETUP_NAMES:
+        return False
+    if isinstance(err, OSError) and err.errno in _PERMANENT_ERRNOS:
         return False
     if is_out_of_space(err):
         return False
@@ -83,6 +90,8 @@ def retrying(fn: Callable[[], T], *, what: str, policy: RetryPolicy) -> T:
             if not is_transient(err):
                 if isinstance(err, PermissionError):
                     raise StorageAccessDenied(f"{what}: access denied ({_brief(err)})") from None
+                if type(err).__name__ in _SETUP_NAMES:
+                    raise StorageError(f"{what}: {_brief(err)}") from None
                 if type(err).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
                     raise StorageAccessDenied(
                         f"{what}: no credentials ({_brief(err)}); give them in storage_options "

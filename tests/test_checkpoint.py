@@ -231,6 +231,32 @@ def test_transient_error_classification() -> None:
     assert not is_transient(PermissionError("denied"))
     assert not is_transient(FileNotFoundError("x"))
     assert RetryPolicy(retries=4, backoff_s=0.5, max_backoff_s=2).delays() == [0.5, 1, 2, 2]
+    # what s3fs makes of a store's final refusals (InvalidBucketName, NotImplemented, ...) and
+    # of its 5xx: the first were retried for 25 s and reported as a storage outage
+    import errno
+
+    assert not is_transient(OSError(errno.EINVAL, "InvalidBucketName"))
+    assert not is_transient(OSError(errno.EMSGSIZE, "EntityTooLarge"))
+    assert is_transient(OSError(errno.EREMOTEIO, "InternalError"))
+    assert is_transient(OSError(errno.EBUSY, "SlowDown"))
+
+
+def test_a_mistyped_aws_profile_is_one_line_at_once() -> None:
+    """botocore's ProfileNotFound (AWS_PROFILE=prodd) was retried 7 times over 25 s and then
+    reported as "failed after 7 attempts", as an outage reads."""
+    from kgpipe.errors import StorageError
+    from kgpipe.retry import retrying
+
+    ProfileNotFound = type("ProfileNotFound", (Exception,), {})  # botocore's, by its name
+    calls: list[int] = []
+
+    def fn() -> None:
+        calls.append(1)
+        raise ProfileNotFound("The config profile (prodd) could not be found")
+
+    with pytest.raises(StorageError, match=r"^read s3://b/x: .*profile \(prodd\)"):
+        retrying(fn, what="read s3://b/x", policy=RetryPolicy(retries=3, backoff_s=0.01))
+    assert calls == [1]
 
 
 # -- resume: bit-identical to an uninterrupted run ---------------------------------------------------
