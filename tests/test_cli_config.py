@@ -152,3 +152,25 @@ def test_a_storage_url_nothing_can_open_is_one_line() -> None:
 
     with pytest.raises(StorageError, match=r"foo://x: cannot open this storage URL \(Protocol"):
         Store("foo://x")
+
+
+def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps the last of two equal keys: a second `training:` block silently dropped
+    the first (its epochs and learning rate), in a config or a search space."""
+    from kgpipe.config import load_config
+    from kgpipe.errors import ConfigError
+    from kgpipe.tune.space import SearchSpace
+
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("training: {epochs: 5, lr: 0.1}\nmodel: {dim: 8}\n"
+                     "training: {batch_size: 128}\ndata: {dataset: umls}\n")  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        load_config(str(twice))
+    assert str(err.value) == f"{twice}, line 3: 'training' is given twice (first at line 1)"
+    with pytest.raises(ConfigError, match=r"space.yaml, line 2: 'training.lr' is given twice"):
+        SearchSpace.from_yaml("training.lr: {loguniform: [1.0e-4, 0.1]}\n"
+                              "training.lr: {loguniform: [1.0e-3, 0.1]}\n", "space.yaml")  # fmt: skip
+    nested = tmp_path / "nested.yaml"  # the same key in two mappings is fine
+    nested.write_text("data: {dataset: umls}\nmodel: {dim: 8}\ntraining: {epochs: 2}\n"
+                      "evaluation: {every: 2}\ncheckpoint: {every: 2}\n")  # fmt: skip
+    assert load_config(str(nested)).checkpoint.every == 2

@@ -22,6 +22,7 @@ __all__ = [
     "apply_overrides",
     "config_to_yaml",
     "load_config",
+    "load_yaml",
     "parse_config",
     "read_text_file",
     "redact_secrets",
@@ -191,13 +192,37 @@ def read_text_file(url: str, kind: str) -> str:
         raise ConfigError(f"{url}, line {line}: not a text (UTF-8) file") from None
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last:
+    a second `training:` block dropped the whole first one without a word)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"line {line}: {key!r} is given twice (first at line {seen[key]})"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str, source: str) -> Any:
+    """``text`` parsed as YAML (one mapping key once); errors name ``source`` and the line."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeys)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{source}{yaml_error(err, text)}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{source}, {err}") from None
+
+
 def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a YAML config from any fsspec URL, apply overrides and validate."""
     text = read_text_file(url, "config")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{url}{yaml_error(err, text)}") from None
+    data = load_yaml(text, url)
     if data is None:
         data = {}
     if not isinstance(data, dict):

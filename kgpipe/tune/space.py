@@ -28,10 +28,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from kgpipe.config import RunConfig
-from kgpipe.config.io import parse_config, yaml_error
+from kgpipe.config.io import load_yaml, parse_config
 from kgpipe.config.keys import config_keys, suggest_key
 from kgpipe.errors import ConfigError
 
@@ -276,11 +274,7 @@ class SearchSpace:
 
     @classmethod
     def from_yaml(cls, text: str, source: str = "search space") -> SearchSpace:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"{source}{yaml_error(err, text)}") from None
-        return cls.from_mapping(data, source)
+        return cls.from_mapping(load_yaml(text, source), source)  # (a key given twice: refused)
 
     def sample(self, trial: Any, base: RunConfig) -> dict[str, Any]:
         """The values of one trial (config key -> value), drawn through ``trial``; keys whose
