@@ -35,7 +35,7 @@ from torch import Tensor
 
 from kgpipe.checksums import CHECKSUM, entry_matches
 from kgpipe.errors import CheckpointError
-from kgpipe.sharded_tensors import SHARD_PREFIX, assemble_shards
+from kgpipe.sharded_tensors import SHARD_PREFIX, assemble_shards, is_optimiser_state
 from kgpipe.storage import Store
 
 __all__ = ["Checkpoint", "CheckpointStore", "TrainState", "is_optimiser_state"]
@@ -172,10 +172,16 @@ class CheckpointStore:
         }
         if self.fence is not None:
             self.fence()
-        try:  # created, never replaced: a writer stalled past its fence can't overwrite a manifest
-            self.store.create(manifest_rel, (json.dumps(manifest, indent=2) + "\n").encode())
-        except FileExistsError:  # its successor committed (and may have removed its files)
-            raise CheckpointError(f"{self.store.url_of(manifest_rel)}: committed twice") from None
+        data, twice = (json.dumps(manifest, indent=2) + "\n").encode(), CheckpointError(
+            f"{self.store.url_of(manifest_rel)}: committed twice (by another writer)"
+        )  # fmt: skip
+        if self.store.exists(manifest_rel):  # (stores that ignore a conditional PUT: this)
+            raise twice
+        try:  # created, never replaced: a writer stalled past its fence can't overwrite it
+            self.store.create(manifest_rel, data)
+        except FileExistsError:  # a successor's, unless a retry found this very write
+            if self.store.read_bytes(manifest_rel) != data:
+                raise twice from None
         return Checkpoint(self.store.url_of(folder), epoch, manifest)
 
     def _discard_own(self, folder: str, name: str) -> None:
@@ -378,11 +384,6 @@ class CheckpointStore:
         return _best(self.committed())
 
 
-def is_optimiser_state(key: str) -> bool:
-    """Whether checkpoint tensor ``key`` is optimiser state (not a table, a counter or RNG)."""
-    return key.startswith("optim.") or (key.startswith(SHARD_PREFIX) and ".optim." in key)
-
-
 def _state_of(ckpt: Checkpoint, tensors: dict[str, Tensor]) -> TrainState:
     """The state in a checkpoint's ``table.*``, ``optim.*`` and ``rng.torch`` tensors."""
     parts: dict[str, dict[str, Tensor]] = {"table": {}, "optim": {}}
@@ -390,8 +391,7 @@ def _state_of(ckpt: Checkpoint, tensors: dict[str, Tensor]) -> TrainState:
         kind, _, name = k.partition(".")
         if kind in parts:
             parts[kind][name] = v
-    history = list(ckpt.manifest["history"])
-    rng = tensors.get("rng.torch")
+    history, rng = list(ckpt.manifest["history"]), tensors.get("rng.torch")
     return TrainState(ckpt.epoch, ckpt.global_step, parts["table"], parts["optim"], history, rng)
 
 

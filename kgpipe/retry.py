@@ -32,9 +32,30 @@ _PERMANENT = (
 _PERMANENT_NAMES = {"NoCredentialsError", "PartialCredentialsError", "ParamValidationError"}
 # the client's own set-up (a mistyped AWS_PROFILE, no region): not the store's passing fault
 _SETUP_NAMES = {"ProfileNotFound", "NoRegionError", "InvalidRegionError", "UnknownServiceError"}
-# what s3fs makes of a request the store refused for good (InvalidBucketName, InvalidArgument,
-# MalformedXML, NotImplemented, ...: EINVAL; EntityTooLarge: EMSGSIZE); 5xx are EREMOTEIO/EBUSY
-_PERMANENT_ERRNOS = {errno.EINVAL, errno.EMSGSIZE, errno.ENOTEMPTY}
+# requests an object store refused for good, by its error code (s3fs keeps the ClientError as
+# the cause of the OSError it raises: EINVAL for most, also for passing ones such as
+# IncompleteBody or BadDigest, so the code decides); NotImplemented is ENOSYS
+_PERMANENT_CODES = {
+    "InvalidBucketName", "InvalidArgument", "MalformedXML", "NotImplemented", "InvalidRequest",
+    "InvalidURI", "KeyTooLongError", "MethodNotAllowed", "InvalidStorageClass",
+    "PermanentRedirect", "AuthorizationHeaderMalformed", "InvalidLocationConstraint",
+}  # fmt: skip
+_PERMANENT_ERRNOS = {errno.ENOSYS, errno.EMSGSIZE, errno.ENOTEMPTY}
+
+
+def _store_code(err: BaseException) -> str | None:
+    """The object store's error code behind ``err`` (its own, or its causes'), if any."""
+    seen: BaseException | None = err
+    for _ in range(5):
+        if seen is None:
+            return None
+        response = getattr(seen, "response", None)
+        if isinstance(response, dict) and response.get("Error", {}).get("Code"):
+            return str(response["Error"]["Code"])
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 # what object stores answer when a bucket's quota or the servers' disks are full
 _OUT_OF_SPACE_CODES = {
     "QuotaExceeded",
@@ -58,6 +79,8 @@ def is_transient(err: BaseException) -> bool:
     if isinstance(err, _PERMANENT) or type(err).__name__ in _PERMANENT_NAMES | _SETUP_NAMES:
         return False
     if isinstance(err, OSError) and err.errno in _PERMANENT_ERRNOS:
+        return False
+    if _store_code(err) in _PERMANENT_CODES:
         return False
     if is_out_of_space(err):
         return False

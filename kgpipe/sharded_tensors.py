@@ -13,7 +13,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["SHARD_PREFIX", "assemble_shards", "local_rows", "shard_key", "split_shards"]
+__all__ = [
+    "SHARD_PREFIX",
+    "assemble_shards",
+    "is_optimiser_state",
+    "local_rows",
+    "shard_key",
+    "split_shards",
+]
 
 #: tensors of one shard of a sharded entity table: ``shard.<id>.<ids|table.entity|optim...>``
 SHARD_PREFIX = "shard."
@@ -91,3 +98,8 @@ def local_rows(tensors: dict[str, Tensor], own: Tensor) -> dict[str, Tensor]:
             values = values[order[pos]]
         out[name] = values
     return out
+
+
+def is_optimiser_state(key: str) -> bool:
+    """Whether checkpoint tensor ``key`` is optimiser state (not a table, a counter or RNG)."""
+    return key.startswith("optim.") or (key.startswith(SHARD_PREFIX) and ".optim." in key)

@@ -231,14 +231,26 @@ def test_transient_error_classification() -> None:
     assert not is_transient(PermissionError("denied"))
     assert not is_transient(FileNotFoundError("x"))
     assert RetryPolicy(retries=4, backoff_s=0.5, max_backoff_s=2).delays() == [0.5, 1, 2, 2]
-    # what s3fs makes of a store's final refusals (InvalidBucketName, NotImplemented, ...) and
-    # of its 5xx: the first were retried for 25 s and reported as a storage outage
-    import errno
+    # what s3fs raises for a store's final refusals (InvalidBucketName, NotImplemented, ...)
+    # and for passing faults (5xx, SlowDown, a body cut short; EINVAL as the first): the
+    # refusals were retried for 25 s and reported as a storage outage
+    from botocore.exceptions import ClientError
+    from s3fs.errors import translate_boto_error
 
-    assert not is_transient(OSError(errno.EINVAL, "InvalidBucketName"))
-    assert not is_transient(OSError(errno.EMSGSIZE, "EntityTooLarge"))
-    assert is_transient(OSError(errno.EREMOTEIO, "InternalError"))
-    assert is_transient(OSError(errno.EBUSY, "SlowDown"))
+    def s3(code: str) -> BaseException:
+        error = ClientError({"Error": {"Code": code, "Message": code}}, "PutObject")
+        try:
+            try:
+                raise error
+            except ClientError as err:
+                raise translate_boto_error(err) from err
+        except Exception as translated:
+            return translated
+
+    for code in ("InvalidBucketName", "InvalidArgument", "NotImplemented", "EntityTooLarge"):
+        assert not is_transient(s3(code)), code
+    for code in ("InternalError", "SlowDown", "IncompleteBody", "BadDigest"):
+        assert is_transient(s3(code)), code
 
 
 def test_a_mistyped_aws_profile_is_one_line_at_once() -> None:
@@ -860,3 +872,12 @@ def test_a_stale_writers_commit_cannot_replace_a_committed_manifest(
     monkeypatch.undo()
     latest = store.latest()
     assert latest is not None and latest[0].manifest == committed.manifest
+    # a create whose reply was lost, retried: the retry finds this very manifest, not another's
+    create = store.store.create
+
+    def landed_then_lost(rel: str, data: bytes) -> None:
+        create(rel, data)
+        raise FileExistsError(rel)
+
+    monkeypatch.setattr(store.store, "create", landed_then_lost)
+    assert store.save(_state(2), {}).epoch == 2

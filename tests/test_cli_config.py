@@ -132,6 +132,8 @@ def test_set_takes_a_text_value_as_typed() -> None:
     assert (config.model.dim, config.training.lr) == (64, 0.001)
     assert load_config(base, ["run.name=2024"]).run.name == "2024"
     assert load_config(base, ["data.delimiter=null"]).data.delimiter is None
+    tagged = load_config(base, ["tracking.tags.v=1.10", "tracking.tags.ok=yes"])
+    assert tagged.tracking.tags == {"v": "1.10", "ok": "yes"}  # (YAML: "1.1" and "true")
 
 
 def test_the_json_form_hides_what_the_yaml_form_hides(capsys: pytest.CaptureFixture[str]) -> None:

@@ -291,3 +291,6 @@ def test_two_writers_of_one_record_leave_one(tmp_path: Path) -> None:
     rel.write_text(json.dumps({**record, "holder": "the second", "token": "b" * 32}))
     with pytest.raises(LeaseLost, match="is also the second"):
         first.check()
+    first.release()  # and its release leaves the other's record held (it marked it released)
+    after = json.loads(rel.read_text())
+    assert after["holder"] == "the second" and not after["released"]

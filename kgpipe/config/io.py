@@ -2,7 +2,7 @@
 
 Unknown keys are rejected with their dotted path, values are type-checked, and cross-field
 rules live in ``model_validator`` hooks. ``--set a.b=c`` overrides are parsed as YAML scalars
-and validated like the file itself.
+(a text key takes the text as typed unless quoted or null) and validated like the file.
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
-    """Apply ``key.path=value`` overrides (values parsed as YAML) to a config mapping."""
+    """Apply ``key.path=value`` overrides to a config mapping: values parsed as YAML, but for
+    text keys (:func:`_text_field`), which take the text as typed unless quoted or null."""
     import copy
 
     tree: dict[str, Any] = copy.deepcopy(dict(data))
@@ -126,28 +127,38 @@ _NULLS = ("null", "Null", "NULL", "~")
 
 
 def _text_field(path: str) -> bool:
-    """Whether the config key ``path`` holds plain text (``str`` or ``str | None``)."""
+    """Whether the config key ``path`` holds plain text: a ``str`` (or ``str | None``) field,
+    or a value of a ``dict[str, str]`` field (``tracking.tags.team``)."""
     import types
     import typing
 
     from pydantic import BaseModel
 
-    model: Any = RunConfig
-    *sections, leaf = path.split(".")
-    for key in sections:
-        field = getattr(model, "model_fields", {}).get(key)
-        model = field.annotation if field is not None else None
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+    def kinds(annotation: Any) -> set[Any]:  # X | None -> {X, None}
+        args = typing.get_args(annotation)
+        return (
+            set(args)
+            if typing.get_origin(annotation) in (typing.Union, types.UnionType)
+            else {annotation}
+        )
+
+    node: Any = RunConfig
+    keys = path.split(".")
+    for depth, key in enumerate(keys):
+        model = next(
+            (k for k in kinds(node) if isinstance(k, type) and issubclass(k, BaseModel)), None
+        )
+        if model is not None:
+            field = model.model_fields.get(key)
+            if field is None:
+                return False
+            node = field.annotation
+        elif typing.get_origin(node) is dict and depth == len(keys) - 1:
+            node = typing.get_args(node)[1]  # a value of a mapping
+        else:
             return False
-    field = getattr(model, "model_fields", {}).get(leaf)
-    if field is None:
-        return False
-    kinds = (
-        typing.get_args(field.annotation)
-        if isinstance(field.annotation, types.UnionType)
-        else (field.annotation,)
-    )
-    return str in kinds and set(kinds) <= {str, type(None)}
+    found = kinds(node)
+    return str in found and found <= {str, type(None)}
 
 
 def yaml_error(err: yaml.YAMLError, text: str = "") -> str:

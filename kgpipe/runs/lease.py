@@ -234,6 +234,8 @@ class RunLease:
             return
         try:
             check_holder(self.store, held.number)
+            if _read(self.store, held.number).get("token") not in (None, held.record["token"]):
+                return  # another writer's record of the same number: leave it held
             held.record.update(released=True, renewed=time.time())
             if self.store.list() in ([LEASE], []):
                 # nothing was written under the lease (bad input, a refusal): leave no folder
