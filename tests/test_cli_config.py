@@ -176,3 +176,7 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
     nested.write_text("data: {dataset: umls}\nmodel: {dim: 8}\ntraining: {epochs: 2}\n"
                       "evaluation: {every: 2}\ncheckpoint: {every: 2}\n")  # fmt: skip
     assert load_config(str(nested)).checkpoint.every == 2
+    from kgpipe.config.io import load_yaml  # a merge's keys may be replaced, as YAML means
+
+    merged = load_yaml("base: &b {a: 1, c: 2}\nother:\n  <<: *b\n  a: 3\n", "x.yaml")
+    assert merged["other"] == {"a": 3, "c": 2}
