@@ -346,8 +346,11 @@ def test_overwrite_with_bad_data_keeps_the_existing_run(tmp_path: Path) -> None:
     """--overwrite replaces a run only once the new input is known to be good."""
     root = tmp_path / "runs"
     existing = root / "keep"
-    existing.mkdir(parents=True)
+    (existing / "data" / "shards").mkdir(parents=True)
     (existing / "config.yaml").write_text("run: {name: keep}\n")
+    # staged (data.json is written last; a folder without it is staged again, not refused)
+    (existing / "data.json").write_text("{}\n")
+    (existing / "data" / "shards" / "manifest.json").write_text("{}\n")
     (tmp_path / "train.tsv").write_bytes(b"a\tr\tb\nc\tr\n")
     cfg = _config(tmp_path, {"data": {"train": str(tmp_path / "train.tsv")}})
     proc = _run_cli("train", "-c", str(cfg), "--set", f"run.root={root}",
