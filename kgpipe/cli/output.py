@@ -51,12 +51,15 @@ class TrainProgress(Callback):
         self.last_line = time.monotonic()
         self.best: tuple[float, int] | None = None
 
+    def _note_best(self, stats: EpochStats) -> None:
+        valid = stats.extra.get("valid_mrr")
+        if valid is not None and (self.best is None or valid > self.best[0]):
+            self.best = (float(valid), stats.epoch)
+
     def on_train_start(self, trainer: TrainerView) -> None:
         if self.best is None:  # a resumed run's best may be an epoch from before
             for h in trainer.history:
-                valid = h.extra.get("valid_mrr")
-                if valid is not None and (self.best is None or valid > self.best[0]):
-                    self.best = (float(valid), h.epoch)
+                self._note_best(h)
         if not self.live:
             if self.started is None:  # the periodic lines count from the first step
                 self.started = self.last_line = time.monotonic()
@@ -86,8 +89,7 @@ class TrainProgress(Callback):
 
     def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
         valid = stats.extra.get("valid_mrr")
-        if valid is not None and (self.best is None or valid > self.best[0]):
-            self.best = (float(valid), stats.epoch)
+        self._note_best(stats)
         line = f"epoch {stats.epoch}/{trainer.epochs}: loss {stats.loss:.4f}"
         line += f", {stats.triples_per_s:,.0f} triples/s"
         if valid is not None and self.best is not None:
