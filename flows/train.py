@@ -24,7 +24,7 @@ from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
 from kgpipe.launch.dask import open_run_cluster
 from kgpipe.runs.folder import RunFolder, run_store
-from kgpipe.runs.lease import check_holder
+from kgpipe.runs.lease import check_handle
 from kgpipe.runs.segments import SegmentResult, drive_segments
 from kgpipe.runs.stage import run_lease
 from kgpipe.tracking import check_tracking, track_run
@@ -41,6 +41,9 @@ from tasks.kge import (
 )
 
 __all__ = ["build_train_flow", "flow_config", "train_kge"]
+
+# a `lease` that is no longer its caller's: most likely a flow run re-run by hand
+_LEASE_HINT = ": a flow run re-run with the `lease` of an earlier run? Run it without `lease`"
 
 
 def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, Any]]:
@@ -73,13 +76,11 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
         check_tracking(config.tracking)  # an MLflow server that does not answer: before any work
         with contextlib.ExitStack() as held:
             if lease is None:  # a second flow run of the same run.name is refused here
-                number = held.enter_context(run_lease(config, holder=_holder())).number
+                lease = held.enter_context(run_lease(config, holder=_holder())).handle
             else:  # the caller holds it ("NUMBER/TOKEN")
-                text, _, token = lease.partition("/")
-                number = int(text)
-                check_holder(run_store(config), number, token)
+                check_handle(run_store(config), lease, hint=_LEASE_HINT)
             run = stage_data(config, resume=resume, warm_start=warm_start, overwrite=overwrite)
-            run.lease = number
+            run.lease = lease
             tracker = held.enter_context(track_run(run, log=logger.info, warn=logger.warning))
             ours = [*callbacks, tracker] if tracker is not None else list(callbacks)
             results, history, restarts, report = _train_and_finish(

@@ -112,7 +112,7 @@ def train(
         contextlib.ExitStack() as tracked,
     ):
         run = prepare_run(config, overwrite=overwrite, resume=resume, log=say)
-        run.lease = lease.number
+        run.lease = lease.handle
         tracker = tracked.enter_context(track_run(run, log=say))
         ours = [*callbacks, tracker] if tracker is not None else list(callbacks)
         with contextlib.ExitStack() as stack:

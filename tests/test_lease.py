@@ -294,3 +294,32 @@ def test_two_writers_of_one_record_leave_one(tmp_path: Path) -> None:
     first.release()  # and its release leaves the other's record held (it marked it released)
     after = json.loads(rel.read_text())
     assert after["holder"] == "the second" and not after["released"]
+
+
+def test_the_commit_fence_checks_the_writers_token(tmp_path: Path) -> None:
+    """A run's commits (this process or a gang's rank 0) check the lease by its handle
+    (NUMBER/TOKEN): the loser of a record two writers created (a store whose create is not
+    atomic) stops committing at once, not only when its driver's renewal notices."""
+    from kgpipe.config import RunConfig
+    from kgpipe.runs.folder import RunFolder
+    from kgpipe.runs.lease import check_handle
+
+    config = RunConfig.model_validate(
+        {"run": {"root": str(tmp_path), "name": "r"}, "data": {"dataset": "umls"}}
+    )
+    store = Store(str(tmp_path / "r"))
+    first = RunLease(store, ttl_s=60.0, holder="the first")
+    first.acquire()
+    assert first.handle is not None and first.handle.startswith(f"{first.number}/")
+    run = RunFolder(store.url, config, 3, 1, 2, "f", 0, lease=first.handle)
+    check_handle(store, first.handle)  # its own record: passes
+    rel = next((tmp_path / "r" / "lease").iterdir())
+    record = json.loads(rel.read_text())
+    rel.write_text(json.dumps({**record, "holder": "the second", "token": "b" * 32}))
+    state = TrainState(epoch=1, global_step=1, tables={"entity": torch.zeros(2, 2)},
+                       optimizer={}, history=[{"epoch": 1, "loss": 1.0}])  # fmt: skip
+    with pytest.raises(LeaseLost, match="not held by this writer"):
+        run.checkpoints().save(state, {})
+    assert not store.exists("checkpoints/epoch-000001")
+    with pytest.raises(LeaseLost, match="not a lease handle"):
+        check_handle(store, "7")

@@ -35,7 +35,7 @@ from kgpipe.data.shards import MANIFEST, read_manifest, read_shards
 from kgpipe.errors import RunError
 from kgpipe.models.model import KGEModel
 from kgpipe.query_candidates import Candidates, FileCandidates, QueryCandidates
-from kgpipe.runs.lease import LEASE, check_holder
+from kgpipe.runs.lease import LEASE, check_handle
 from kgpipe.storage import RetryPolicy, Store, join_url
 
 __all__ = [
@@ -166,7 +166,7 @@ class RunFolder:
     num_train: int
     fingerprint: str
     resumed_epoch: int  # the committed epoch training continues from (0: a fresh start)
-    lease: int | None = None  # the lease record this run's writer holds (:mod:`.lease`)
+    lease: str | None = None  # the lease this run's writer holds: NUMBER/TOKEN (:mod:`.lease`)
 
     @property
     def store(self) -> Store:
@@ -195,7 +195,7 @@ class RunFolder:
         store = self.store
         checks = [f for f in (fence,) if f is not None]
         if self.lease is not None:
-            checks.append(functools.partial(check_holder, store, self.lease))
+            checks.append(functools.partial(check_handle, store, self.lease))
 
         def all_checks() -> None:
             for check in checks:

@@ -36,7 +36,15 @@ from typing import Any
 from kgpipe.errors import Fenced, KgpipeError, RunError
 from kgpipe.storage import Store
 
-__all__ = ["LEASE", "LeaseLost", "RunFolderBusy", "RunLease", "check_holder", "describe_holder"]
+__all__ = [
+    "LEASE",
+    "LeaseLost",
+    "RunFolderBusy",
+    "RunLease",
+    "check_handle",
+    "check_holder",
+    "describe_holder",
+]
 
 log = logging.getLogger("kgpipe.lease")
 
@@ -85,16 +93,15 @@ def describe_holder(record: dict[str, Any], now: float | None = None) -> str:
     return f"{who} ({where}), lease renewed {age:.0f} s ago"
 
 
-def check_holder(store: Store, number: int, token: str | None = None) -> None:
+def check_holder(store: Store, number: int, token: str | None = None, *, hint: str = "") -> None:
     """Raise :class:`LeaseLost` unless lease record ``number`` is still the newest (and, with
-    ``token``, is that writer's and not released)."""
+    ``token``, is that writer's and not released); ``hint`` ends the first message."""
     if token is not None:
         record = _read(store, number)
         if record.get("token") != token or record.get("released"):
             raise LeaseLost(
-                f"{store.url}: lease record {number} is not held by this caller (released, or "
-                "another writer's): a flow run re-run with the `lease` of an earlier run? Run "
-                "it without `lease`"
+                f"{store.url}: lease record {number} is not held by this writer (released, or "
+                f"another writer's){hint}"
             )
     newest = _records(store)
     if newest and newest[-1] != number:
@@ -103,6 +110,15 @@ def check_holder(store: Store, number: int, token: str | None = None) -> None:
             f"{store.url}: this writer's lease was taken over by {describe_holder(other)}; "
             "it stops here without committing (its last commit stays)"
         )
+
+
+def check_handle(store: Store, handle: str, *, hint: str = "") -> None:
+    """:func:`check_holder` for a :attr:`RunLease.handle` (``NUMBER/TOKEN``): what a writer's
+    ranks and a flow run working under a caller's lease check before they commit."""
+    text, _, token = handle.partition("/")
+    if not text.isdigit() or not token:
+        raise LeaseLost(f"{store.url}: {handle!r} is not a lease handle (NUMBER/TOKEN)")
+    check_holder(store, int(text), token, hint=hint)
 
 
 @dataclass
