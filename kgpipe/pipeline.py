@@ -105,6 +105,8 @@ def train(
     """
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
+    if resume:
+        config.check_resumable()
     config = config.with_run_name()
     check_tracking(config.tracking)  # an MLflow server that does not answer: before any work
     with (

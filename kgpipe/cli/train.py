@@ -54,14 +54,18 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
 
 
 def _orchestrator(args: argparse.Namespace) -> str:
-    if args.no_prefect:
-        if args.orchestrator not in (None, NONE):
-            raise ConfigError(
-                f"--no-prefect and --orchestrator {args.orchestrator} contradict each other "
-                f"(--no-prefect is --orchestrator {NONE})"
-            )
-        return NONE
-    return str(args.orchestrator or DEFAULT_ORCHESTRATOR)
+    who = NONE if args.no_prefect else str(args.orchestrator or DEFAULT_ORCHESTRATOR)
+    if args.no_prefect and args.orchestrator not in (None, NONE):
+        raise ConfigError(
+            f"--no-prefect and --orchestrator {args.orchestrator} contradict each other "
+            f"(--no-prefect is --orchestrator {NONE})"
+        )
+    if who == NONE and args.verbose:
+        raise ConfigError(
+            f"-v adds Prefect's own log lines, and --orchestrator {NONE} runs without "
+            "Prefect: drop one of them"
+        )
+    return who
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -73,6 +77,9 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from kgpipe.config import load_config
 
     config = load_config(args.config, args.set or [])
+    who = _orchestrator(args)
+    if args.resume:
+        config.check_resumable()
 
     from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
     from kgpipe.pipeline import train
@@ -81,7 +88,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
     callbacks: list[Callback] = [] if progress is None else [progress]
     log = None if args.quiet else (lambda m: console.log(escape(m), highlight=False))
     t0 = time.perf_counter()
-    who = _orchestrator(args)
     try:
         if who == NONE:
             result = train(

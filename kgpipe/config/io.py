@@ -58,7 +58,13 @@ def _format_validation_error(
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
             text = f"{path}: {e['msg']}{shown}"
-        lines.append((_blame(path, overrides), text))
+        item = _blame(path, overrides)
+        if item is None:  # a section's own check: the file and the --set items within it
+            within = [
+                i for k, i in overrides.items() if path == "(root)" or k.startswith(f"{path}.")
+            ]
+            text += f" (with --set {', --set '.join(within)})" if within else ""
+        lines.append((item, text))
     blamed = {item for item, _ in lines}
     where = source
     if None not in blamed:  # every error is in a --set value: the file is not to blame

@@ -11,6 +11,7 @@ from kgpipe.config.runtime import CheckpointConfig, DistributedConfig, FaultTole
 from kgpipe.config.sections import DataConfig, ModelConfig, RunSection
 from kgpipe.config.tracking import TrackingConfig
 from kgpipe.config.training import EvaluationConfig, TrainingConfig
+from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.training.schedules import SCHEDULES
 
@@ -87,6 +88,16 @@ class RunConfig(Frozen):
                 "in bfloat16, and there is no product to speed up)"
             )
         return self
+
+    def check_resumable(self) -> None:
+        """Raise :class:`~kgpipe.errors.ConfigError` unless ``run.name`` names the run folder a
+        resume continues (without one, a run gets a new timestamped folder)."""
+        if self.run.name is None:
+            raise ConfigError(
+                "a resume continues a run folder, and this config names none (run.name is not "
+                "set): set run.name to the folder's name under run.root, e.g. "
+                "--set run.name=NAME"
+            )
 
     def with_run_name(self) -> RunConfig:
         """Return a copy whose ``run.name`` is set (a timestamped default if it was not)."""
