@@ -618,3 +618,39 @@ def test_a_server_behind_a_proxy_is_not_probed_directly(monkeypatch: pytest.Monk
     monkeypatch.delenv("HTTP_PROXY", raising=False)
     with pytest.raises(TrackingError, match="unknown host"):
         _probe(uri)
+
+
+def test_an_interrupted_run_waits_for_a_silent_server_at_most_5_s(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Ctrl-C during a tracked run marks the MLflow run KILLED on the way out; a server that
+    stopped answering (here a socket that listens and never replies) held the exit for
+    MLflow's timeout and retries (~45 s). It now waits at most 5 s, as a search does."""
+    import socket
+
+    from kgpipe.tracking import connect, track_run
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    try:
+        uri = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        config = _config(tmp_path, "x", uri)
+        run = type("Run", (), {"config": config, "url": str(tmp_path / "x"), "store": None})()
+
+        def start(self: RunTracker) -> str:  # as if the server answered until now
+            self.mlflow, self.run_id = connect(config.tracking), "0123abcd"
+            return "0123abcd"
+
+        monkeypatch.setattr(RunTracker, "start", start)
+        monkeypatch.setattr(RunTracker, "_save", lambda self: None)
+        warnings: list[str] = []
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt), track_run(run, warn=warnings.append):  # type: ignore[arg-type]
+            raise KeyboardInterrupt
+        assert time.monotonic() - t0 < 9.0
+        assert warnings == ["the MLflow run 0123abcd was not marked KILLED: no answer in 5 s"], (
+            warnings
+        )
+    finally:
+        silent.close()

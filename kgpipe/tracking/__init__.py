@@ -6,7 +6,7 @@ resumes, every epoch logged once); :mod:`.search` logs a hyperparameter search (
 per study, trials nested under it) from its driver.
 """
 
-from kgpipe.tracking.client import MLFLOW_MISSING, TrackingError, connect, metric_key
+from kgpipe.tracking.client import MLFLOW_MISSING, TrackingError, connect, metric_key, within
 from kgpipe.tracking.run import TRACKING, RunTracker, check_tracking, final_metrics, track_run
 from kgpipe.tracking.search import (
     log_finished_run,
@@ -33,4 +33,5 @@ __all__ = [
     "metric_key",
     "start_parent_run",
     "track_run",
+    "within",
 ]

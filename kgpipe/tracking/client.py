@@ -38,6 +38,7 @@ __all__ = [
     "metric_key",
     "shown_uri",
     "text_params",
+    "within",
 ]
 
 MLFLOW_MISSING = "tracking.backend=mlflow needs the mlflow package: pip install 'kgpipe[mlflow]'"
@@ -329,3 +330,13 @@ def flat_params(config: RunConfig, extra: Mapping[str, Any] | None = None) -> di
     data = redact_secrets(config)
     data.pop("tracking", None)
     return {**text_params(_flat(data)), **text_params(extra or {})}
+
+
+def within(call: Callable[[], None], wait_s: float) -> bool:
+    """Run ``call`` in a daemon thread and wait for it at most ``wait_s``: whether it ended.
+    For a process on its way out (Ctrl-C, SIGTERM), so that a tracking server that stopped
+    answering does not hold the exit for MLflow's retries."""
+    thread = threading.Thread(target=call, name="kgpipe-mlflow-end", daemon=True)
+    thread.start()
+    thread.join(wait_s)
+    return not thread.is_alive()

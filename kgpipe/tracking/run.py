@@ -31,6 +31,7 @@ from kgpipe.tracking.client import (
     experiment_name,
     flat_params,
     shown_uri,
+    within,
 )
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
@@ -257,14 +258,23 @@ class RunTracker(Callback):
             self.warn(f"the report was not logged to MLflow: {err}")
         self.end(status)
 
-    def end(self, status: str = "FINISHED") -> None:
-        """End the MLflow run with ``status`` (FINISHED, FAILED, KILLED); once."""
-        if self.mlflow is None or self.run_id is None or self.ended:
+    def end(self, status: str = "FINISHED", *, wait_s: float | None = None) -> None:
+        """End the MLflow run with ``status`` (FINISHED, FAILED, KILLED); once. With ``wait_s``
+        (a process on its way out) waits at most that long for the server (:func:`within`)."""
+        mlflow, run_id = self.mlflow, self.run_id
+        if mlflow is None or run_id is None or self.ended:
             return
-        try:
-            self.mlflow.set_terminated(self.run_id, status)
-        except TrackingError as err:
-            self.warn(f"{err}; the MLflow run {self.run_id} was not marked {status}")
+
+        def mark() -> None:
+            try:
+                mlflow.set_terminated(run_id, status)
+            except TrackingError as err:
+                self.warn(f"{err}; the MLflow run {run_id} was not marked {status}")
+
+        if wait_s is None:
+            mark()
+        elif not within(mark, wait_s):
+            self.warn(f"the MLflow run {run_id} was not marked {status}: no answer in {wait_s:g} s")
         self.ended = True
         self._save()
 
@@ -328,7 +338,10 @@ def track_run(
     tracker.start()
     try:
         yield tracker
-    except BaseException as err:
-        tracker.end("KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED")
+    except Exception:
+        tracker.end("FAILED")
+        raise
+    except BaseException:  # Ctrl-C, SIGTERM (SystemExit): on its way out, waits at most 5 s
+        tracker.end("KILLED", wait_s=5.0)
         raise
     tracker.end("FINISHED")

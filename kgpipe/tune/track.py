@@ -7,7 +7,6 @@ A tracking server failing mid-search is a warning, not the end of the search."""
 from __future__ import annotations
 
 import tempfile
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ class StudyTracker:
         again. With ``wait_s`` (an interrupted process on its way out) the call runs in a
         daemon thread waited for that long: a server that stopped answering does not hold
         the exit for MLflow's retries."""
-        from kgpipe.tracking import TrackingError, connect
+        from kgpipe.tracking import TrackingError, connect, within
 
         def mark() -> None:
             try:
@@ -66,10 +65,7 @@ class StudyTracker:
         if wait_s is None:
             mark()
             return
-        thread = threading.Thread(target=mark, name="kgpipe-mlflow-end", daemon=True)
-        thread.start()
-        thread.join(wait_s)
-        if thread.is_alive():
+        if not within(mark, wait_s):
             self.warn(f"the study's MLflow run was not marked {status}: no answer in {wait_s:g} s")
 
     def trial(self, trial: Any, config: dict[str, Any], outcome: Any) -> None:
