@@ -27,6 +27,8 @@ from kgpipe.models.spec import ModelSpec
 from kgpipe.storage import RetryPolicy, Store
 
 __all__ = [
+    "ENTITY_PARTS",
+    "clear_export",
     "export_embeddings",
     "load_model",
     "model_info",
@@ -63,14 +65,36 @@ def load_model(store: Store, rel: str = MODEL_FILE) -> KGEModel:
                 meta = f.metadata() or {}
                 if "kgpipe_model" not in meta:
                     raise RunError(f"{store.url_of(rel)}: not a kgpipe model file")
-                tensors = {k: f.get_tensor(k) for k in ("entity", "relation")}
-        except SafetensorError as err:
+                tensors = {k: f.get_tensor(k).float() for k in ("entity", "relation")}
+            spec = ModelSpec.from_json(meta["kgpipe_model"])
+        except (SafetensorError, ValueError, TypeError, KeyError) as err:
             raise RunError(f"{store.url_of(rel)}: not a readable model file ({err})") from None
-    spec = ModelSpec.from_json(meta["kgpipe_model"])
-    model = KGEModel(spec)
-    model.entity.data.copy_(tensors["entity"])
-    model.relation.data.copy_(tensors["relation"])
-    return model
+    try:  # checks the shapes: copying into the spec's tables broadcast a (1, dim) table
+        return KGEModel(spec, tables=(tensors["entity"], tensors["relation"]))
+    except ValueError as err:
+        where = store.url_of(rel)
+        raise RunError(f"{where}: its tables do not fit its model spec ({err})") from None
+
+
+# every file an export may hold: an export replaces all of them, so that one written earlier in
+# another layout, format or number of parts is not read with the new one
+EXPORT_FILES = (
+    "entities.parquet",
+    "relations.parquet",
+    "entities.npy",
+    "entities.tsv",
+    "relations.npy",
+    "relations.tsv",
+)
+ENTITY_PARTS = "entities"  # a sharded export's entity parts (:mod:`kgpipe.export_shards`)
+
+
+def clear_export(store: Store) -> None:
+    """Remove an earlier export under ``store`` (``model.json`` first, so a reader never
+    sees it with files of another export); leaves files of any other name alone."""
+    for name in ("model.json", *EXPORT_FILES):
+        store.remove(name, recursive=False)
+    store.remove(ENTITY_PARTS, recursive=True)
 
 
 def relation_labels(vocab: Vocabulary, spec: ModelSpec) -> list[str]:
@@ -140,6 +164,7 @@ def export_embeddings(
     if fmt not in ("parquet", "npy"):
         raise ValueError(f"unknown export format {fmt!r}; known: npy, parquet")
     store = Store(out_url, storage_options, retry=retry)
+    clear_export(store)
     info = model_info(spec)
     meta = {"kgpipe": json.dumps(info)}
     ent = model.entity.data.cpu().numpy()

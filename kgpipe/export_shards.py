@@ -29,7 +29,7 @@ from torch import Tensor
 from kgpipe.checkpoint import Checkpoint, CheckpointStore
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import RunError
-from kgpipe.export import model_info, relation_labels, table_parquet
+from kgpipe.export import ENTITY_PARTS, clear_export, model_info, relation_labels, table_parquet
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.models.spec import ModelSpec
 from kgpipe.sharded_tensors import SHARD_PREFIX, shard_key
@@ -37,7 +37,7 @@ from kgpipe.storage import RetryPolicy, Store
 
 __all__ = ["ShardedEmbeddings", "export_sharded"]
 
-PARTS = "entities"
+PARTS = ENTITY_PARTS
 
 
 def export_sharded(
@@ -53,10 +53,11 @@ def export_sharded(
     """Write the embeddings of sharded checkpoint ``ckpt`` under ``out_url``, a part per shard;
     returns the URLs written (``model.json`` last)."""
     store = Store(out_url, storage_options, retry=retry)
+    clear_export(store)  # parts of an earlier export with more shards were read as this one's
     state, _ = checkpoints.load_selected(  # the file with the replicated part (all if unsaid)
         ckpt, lambda k: k == "table.relation", lambda info: info.get("replicated", True)
     )
-    parts = 0
+    parts: list[str] = []
     info = {**model_info(spec), "layout": "sharded", "entities": f"{PARTS}/part-*.parquet"}
     meta = {"kgpipe": json.dumps(info)}
     written = []
@@ -67,7 +68,7 @@ def export_sharded(
         rel = f"{PARTS}/part-{sid:06d}.parquet"
         store.write_bytes(rel, table_parquet(ids, labels, rows.numpy(), meta))
         written.append(store.url_of(rel))
-        parts += 1
+        parts.append(rel.removeprefix(f"{PARTS}/"))
     if not parts:
         raise RunError(f"{ckpt.url}: not a sharded checkpoint (no shard tensors)")
     relation = state.tables["relation"].numpy()
@@ -77,7 +78,7 @@ def export_sharded(
         table_parquet(np.arange(relation.shape[0]), rel_labels, relation, meta),
     )
     written.append(store.url_of("relations.parquet"))
-    store.write_json("model.json", {**info, "parts": parts})
+    store.write_json("model.json", {**info, "parts": len(parts), "part_files": parts})
     written.append(store.url_of("model.json"))
     return written
 
@@ -111,7 +112,17 @@ class ShardedEmbeddings:
         self.store = store
         self.spec = ModelSpec.from_json(json.dumps(info["model"]))
         self.interaction = INTERACTIONS.get(self.spec.name)(p=self.spec.p, margin=self.spec.margin)
-        self.parts = sorted(p for p in store.list(PARTS) if p.endswith(".parquet"))
+        # the parts model.json names (an export before they were named: all, if as many)
+        listed = sorted(p for p in store.list(PARTS) if p.endswith(".parquet"))
+        self.parts = list(info.get("part_files") or listed)
+        if len(self.parts) != info.get("parts", len(self.parts)) or not set(self.parts) <= set(
+            listed
+        ):
+            raise RunError(
+                f"{store.url}: model.json names {info.get('parts')} entity parts, and "
+                f"{PARTS}/ holds {len(listed)} ({', '.join(listed[:4])}): export the run again "
+                "(kgpipe export RUN --out URL)"
+            )
         _, self.relations = _rows(self._read("relations.parquet"))
 
     @classmethod

@@ -165,6 +165,26 @@ def test_an_unreadable_model_file_is_named_in_one_line(tmp_path: Path, damage: s
         map_model(str(path))
 
 
+@pytest.mark.parametrize("damage", ["one row", "wrong shape", "unknown spec key"])
+def test_a_model_file_whose_tables_do_not_fit_its_spec_is_refused(
+    tmp_path: Path, damage: str
+) -> None:
+    """load_model copied the tables into the spec's: a (1, dim) entity table was broadcast to
+    every row (every score the same), others were tracebacks."""
+    spec = ModelSpec(name="distmult", dim=4, num_entities=5, num_relations=2)
+    meta = {"kgpipe_model": spec.to_json()}
+    tables = {"entity": torch.ones(5, 4), "relation": torch.ones(2, 4)}
+    if damage == "one row":
+        tables["entity"] = torch.ones(1, 4)
+    elif damage == "wrong shape":
+        tables["entity"] = torch.ones(3, 4)
+    else:
+        meta = {"kgpipe_model": json.dumps({**json.loads(spec.to_json()), "new": 1})}
+    save_file(tables, str(tmp_path / "model.safetensors"), metadata=meta)
+    with pytest.raises(RunError, match=r"model\.safetensors: (its tables do not fit|not a read)"):
+        load_model(Store(str(tmp_path)))
+
+
 def test_shards_that_do_not_make_the_model_are_refused_before_anything_is_written(
     tmp_path: Path,
 ) -> None:

@@ -505,6 +505,9 @@ def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
     assert sorted(seen) == list(range(len(labels)))
     info = json.loads((run / "embeddings" / "model.json").read_text())
     assert (info["layout"], info["parts"]) == ("sharded", 3)
+    # a part an earlier export with more shards left (a resume may change them) is not read:
+    # its rows were listed twice, one with the old score
+    (run / "embeddings" / "entities" / "part-000007.parquet").write_bytes(parts[0].read_bytes())
     model = load_model(Store(str(run)))
     rel = 2
     relations = vocab_labels(run, "relations")
@@ -524,6 +527,17 @@ def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
         assert [g["score"] for g in got] == pytest.approx(top.values.tolist(), rel=1e-5)
         side = "tail" if flag == "--head" else "head"
         assert [g[side] for g in got] == [labels[i] for i in top.indices.tolist()]
+    # an export without the names of its parts (before they were named) and more parts than
+    # it counts is refused; a new export of the run replaces the old one, stale part and all
+    del info["part_files"]
+    (run / "embeddings" / "model.json").write_text(json.dumps(info))
+    code, _, err = run_cli(["predict", str(run), "--head", labels[7], "--relation",
+                            relations[rel]], capsys)  # fmt: skip
+    assert code == 2 and "names 3 entity parts, and entities/ holds 4" in err, err
+    code, _, err = run_cli(["export", str(run), "--out", str(run / "embeddings")], capsys)
+    assert code == 0, err
+    assert not (run / "embeddings" / "entities").exists()
+    assert (run / "embeddings" / "entities.parquet").exists()
 
 
 def test_a_failed_sharded_commit_fails_every_rank_as_what_it_was() -> None:
