@@ -519,6 +519,7 @@ def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
         )  # fmt: skip
         assert code == 0, err
         got = json.loads(out)
+        assert "known" not in got[0]  # --no-known looked nothing up (it said false)
         a, r = torch.tensor([7]), torch.tensor([rel])
         scores = (
             model.score_all_tails(a, r)[0] if flag == "--head" else model.score_all_heads(r, a)[0]

@@ -18,6 +18,7 @@ from typing import Any
 import optuna
 import pytest
 import yaml
+from cli_support import run_cli
 
 from kgpipe.config.io import load_config, parse_config
 from kgpipe.errors import ConfigError, KgpipeError, RunError, SearchStopped
@@ -373,7 +374,9 @@ def test_a_search_whose_every_trial_fails_stops_and_says_why(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_search_on_two_workers_tests_only_the_winner(tmp_path: Path) -> None:
+def test_search_on_two_workers_tests_only_the_winner(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     space = SearchSpace.from_yaml(
         SPACE
         # an invalid combination (1vsall needs cross_entropy or bce): recorded as failed
@@ -432,6 +435,9 @@ def test_search_on_two_workers_tests_only_the_winner(tmp_path: Path) -> None:
             assert (run / "metrics.jsonl").is_file() and (run / "config.yaml").is_file()
             with pytest.raises(KgpipeError, match="a trial its search trimmed"):
                 evaluate_run(str(run), split="valid")
+            # predict said "no model file (did training finish?)"
+            code, _, err = run_cli(["predict", str(run), "--head", "x", "--relation", "y"], capsys)
+            assert code == 2 and "a trial its search trimmed" in err, err
 
 
 def _wait_for(predicate, timeout: float) -> None:

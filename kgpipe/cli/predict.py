@@ -41,21 +41,21 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from rich.table import Table
 
     from kgpipe.data.vocab import Vocabulary
-    from kgpipe.export import load_model
     from kgpipe.export_shards import ShardedEmbeddings
     from kgpipe.runs.folder import EMBEDDINGS, VOCAB
-    from kgpipe.runs.read import known_triples, open_run
+    from kgpipe.runs.read import check_not_trimmed, final_model, known_triples, open_run
 
     if (args.head is None) == (args.tail is None):
         raise KgpipeError(
             "give exactly one of --head (to predict tails) or --tail (to predict heads)"
         )
     with storage_errors(args.run, "read the run"):
-        store, _config = open_run(args.run)
+        store, config = open_run(args.run)
+        check_not_trimmed(store)
         vocab = Vocabulary.read(store.url_of(VOCAB))
-        # a sharded run's export is read part by part; others load the model file
+        # a sharded run's export is read part by part; others read the model file
         sharded = ShardedEmbeddings.open(store.url_of(EMBEDDINGS))
-        model = None if sharded is not None else load_model(store)
+        model = None if sharded is not None else final_model(store, config)
     prefixes = dict(args.prefix)
     rel = vocab.find_relation(args.relation, prefixes)
     if args.head is not None:
@@ -102,10 +102,12 @@ def run(args: argparse.Namespace, console: Console) -> int:
     marked = not args.no_known and not args.filter_known  # filtered: none is in train
     if marked:
         table.add_column("in train")
-    rows = []
+    rows: list[dict[str, object]] = []
     for i, (s, e) in enumerate(zip(values, indices, strict=True), 1):
         label = vocab.entities[e]
-        rows.append({"rank": i, side: label, "score": s, "known": e in in_train})
+        rows.append({"rank": i, side: label, "score": s})
+        if marked or args.filter_known:  # looked up (--no-known read nothing: false is a guess)
+            rows[-1]["known"] = e in in_train
         table.add_row(
             str(i), escape(label), f"{s:.4f}", *(["yes" if e in in_train else ""] * marked)
         )

@@ -37,7 +37,9 @@ from kgpipe.storage import Store, check_reachable
 __all__ = [
     "CheckpointChoice",
     "LoadedRun",
+    "check_not_trimmed",
     "evaluate_run",
+    "final_model",
     "known_triples",
     "load_run",
     "open_run",
@@ -84,6 +86,23 @@ def open_run(url: str, storage_options: dict[str, Any] | None = None) -> tuple[S
     return store, parse_config(raw, source=store.url_of(CONFIG))
 
 
+def check_not_trimmed(store: Store) -> None:
+    """Raise :class:`RunError` if ``store`` is a trial whose model its search removed."""
+    if store.exists(TRIMMED):
+        raise RunError(
+            f"{store.url}: a trial its search trimmed (keep_trials: best) -- it keeps its "
+            f"config, metrics and report, not its model; train it again: kgpipe train -c "
+            f"{store.url_of(CONFIG)}"
+        )
+
+
+def final_model(store: Store, config: RunConfig) -> KGEModel:
+    """The run's trained model (``model.safetensors``); a sharded run's table stays in its
+    file (mapped), as it was trained."""
+    check_not_trimmed(store)
+    return map_stored(store) if config.distributed.strategy == "sharded" else load_model(store)
+
+
 def load_run(
     url: str,
     storage_options: dict[str, Any] | None = None,
@@ -93,17 +112,10 @@ def load_run(
     """Read a finished run: config, vocabulary and trained model -- the final one, or that of a
     committed checkpoint (see :data:`CheckpointChoice`)."""
     store, config = open_run(url, storage_options)
-    if store.exists(TRIMMED):
-        raise RunError(
-            f"{url}: a trial its search trimmed (keep_trials: best) -- it keeps its config, "
-            f"metrics and report, not its model; train it again: kgpipe train -c "
-            f"{store.url_of(CONFIG)}"
-        )
     vocab = Vocabulary.read(store.url_of(VOCAB), storage_options)
-    sharded = config.distributed.strategy == "sharded"
-    if checkpoint is None:  # a sharded run's table stays in its file (mapped), as it was trained
-        model = map_stored(store) if sharded else load_model(store)
-        return LoadedRun(url, store, config, vocab, model)
+    if checkpoint is None:
+        return LoadedRun(url, store, config, vocab, final_model(store, config))
+    check_not_trimmed(store)
     checkpoints = CheckpointStore(store)
     chosen = select_checkpoint(checkpoints, checkpoint)
     if chosen.manifest.get("strategy") == "sharded":  # never the whole table in memory
