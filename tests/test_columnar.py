@@ -98,6 +98,7 @@ CASES: dict[str, dict[str, str | bytes]] = {
     "a lone carriage return": {"train": "a\tr\tb\rc\ts\td\n" + GRAPH},
     "a comment ended by a lone carriage return": {"train": "# note\rx\ty\tz\n" + GRAPH},
     "a carriage return before crlf": {"train": "a\tr\tb\r\r\n" + GRAPH},
+    "cr cr lf throughout": {"train": GRAPH.replace("\n", "\r\r\n")},
     "mac line endings": {"train": GRAPH.replace("\n", "\r")},
     "a header whose relation is an entity": {"train": "x\ty\tz\na\tr\tb\ny\tr\tc\n"},
     "invalid utf-8 in a comment": {"train": GRAPH.encode() + b"#\xff\n"},
@@ -154,6 +155,28 @@ def test_other_formats_and_options_use_the_line_parser(
 ) -> None:
     _, seen = _both(tmp_path, monkeypatch, {"train": "h\tr\tt\n" + GRAPH}, header=True)
     assert seen == []  # header: true and data.columns stay with the line parser
+
+
+def test_cr_cr_lf_line_ends_are_refused_not_read_as_other_labels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lines ending CR CR LF (a CRLF file written again in text mode on Windows) kept a CR on
+    every tail: `c` as a head and `c\\r` as a tail were two entities, silently."""
+    out, _ = _both(tmp_path, monkeypatch, CASES["cr cr lf throughout"])
+    assert isinstance(out, str) and "line 1: a carriage return in the tail field" in out, out
+
+
+def test_a_line_longer_than_a_block_is_read_in_larger_blocks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a memory budget of 16 MiB the blocks are 1 MiB; a 2-MiB label sent every split to
+    the line parser, which holds whole files (the budget abandoned, with a warning). The
+    columnar reader now reads such a file again in blocks that hold its longest line."""
+    long = "x" * (2 << 20)
+    files = {"train": GRAPH + f"{long}\tr1\ta\n", "valid": f"a\tr1\t{long}\n"}
+    out, seen = _both(tmp_path, monkeypatch, files, memory_budget="16MiB")
+    assert seen == ["columnar"]
+    assert long in out.vocab.entities
 
 
 def test_bad_block_size() -> None:

@@ -25,7 +25,7 @@ from kgpipe.data.columnar import (
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
-from kgpipe.data.formats.text import describe_delimiter, skipped_line
+from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, skipped_line
 from kgpipe.data.io import Fallback, opened, read_bytes, reading_errors, split_compression
 from kgpipe.data.labels import Labels
 from kgpipe.data.vocab import Vocabulary
@@ -127,27 +127,36 @@ def _check_benchmark(src: Source, digest: str) -> None:
 def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
     block = cfg.read_block_bytes
     scans: dict[str, FileScan] = {}
+    blocks: dict[str, int] = {}  # the block each file is read in (larger for a long line)
     by_split = {src.split: src for src in srcs}
     for src in srcs:
         delimiter = "\t" if src.benchmark else _delimiter(cfg)
         header: bool | str = False if src.benchmark else cfg.header
-        try:
-            scan = scan_file(
-                src.url,
-                src.storage_options,
-                delimiter=delimiter,
-                header=header,
-                block_size=block,
-                train=scans.get("train"),
-                retry=retry,
-            )
-        except Fallback:
-            if src.benchmark is None:  # the line parser's own error, in constant memory
-                with reading_errors(src.url):
-                    locate_problem(src.url, src.storage_options, delimiter)
-            raise
+        size = block
+        while True:
+            try:
+                scan = scan_file(
+                    src.url,
+                    src.storage_options,
+                    delimiter=delimiter,
+                    header=header,
+                    block_size=size,
+                    train=scans.get("train"),
+                    retry=retry,
+                )
+                break
+            except Fallback:
+                if src.benchmark is not None:
+                    raise
+                with reading_errors(src.url):  # the line parser's own error, in constant memory
+                    longest = locate_problem(src.url, src.storage_options, delimiter)
+                if longest < size:
+                    raise
+                # a line longer than a block, which pyarrow cannot split: read again, in
+                # blocks that hold it, not the whole file by the line parser
+                size = 2 * longest
         _check_benchmark(src, scan.sha256)
-        scans[src.split] = scan
+        scans[src.split], blocks[src.split] = scan, size
 
     train = scans["train"]
     extra_e = [s.entities for k, s in scans.items() if k != "train"]
@@ -174,7 +183,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                 scan,
                 by_split[split].storage_options,
                 delimiter="\t" if by_split[split].benchmark else _delimiter(cfg),
-                block_size=block,
+                block_size=blocks[split],
                 entities=entities,
                 relations=relations,
                 retry=retry,
@@ -327,15 +336,18 @@ def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[i
             yield number, (line[:-1] if line.endswith(b"\r") else line)
 
 
-def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: str) -> None:
+def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: str) -> int:
     """Raise the line parser's error for a file without a header row, read a line at a time:
-    invalid UTF-8 first, then a wrong field count, then an empty or blank label (the order the
-    line parser finds them in). Returns when the file has none of them."""
+    invalid UTF-8 first, then a wrong field count, then a wrong label (empty, blank, holding a
+    carriage return: the order the line parser finds them in). When the file has none of them,
+    returns the bytes of its longest line."""
     described = describe_delimiter(delimiter, "tsv")
     fields: DataError | None = None
     label: DataError | None = None
+    longest = 0
     decoder = codecs.getincrementaldecoder("utf-8")
     for number, raw in _lines(url, storage_options):
+        longest = max(longest, len(raw))
         try:
             line = decoder().decode(raw, final=True)
         except UnicodeDecodeError as err:
@@ -356,15 +368,16 @@ def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: 
             )
             continue
         if label is None:
-            for role, value in zip(("head", "relation", "tail"), parts, strict=True):
-                if not value or value.isspace():
-                    kind = "empty" if not value else "blank (whitespace-only)"
-                    label = DataError(url, f"{kind} {role} field", line=number, excerpt=line)
+            for role, value in zip(ROLES, parts, strict=True):
+                problem = field_problem(value, role, plain_lines=True)
+                if problem is not None:
+                    label = DataError(url, problem, line=number, excerpt=line)
                     break
     if fields is not None:
         raise fields
     if label is not None:
         raise label
+    return longest
 
 
 def row_line(

@@ -126,7 +126,7 @@ def _parse_tsv(
             tails.append(fields[ti])
             nums.append(i + 1)
     out = LabeledTriples(heads, rels, tails, nums)
-    check_labels(out, source, lines)
+    check_labels(out, source, lines, plain_lines=True)
     if header_line is not None and not heads:
         raise DataError(source, "no triples found (the file has only a header row)")
     return out

@@ -12,6 +12,7 @@ __all__ = [
     "check_labels",
     "decode",
     "describe_delimiter",
+    "field_problem",
     "resolve_columns",
     "skipped_line",
     "split_lines",
@@ -123,19 +124,44 @@ def resolve_columns(
     return (out[0], out[1], out[2])
 
 
-def check_labels(out: LabeledTriples, source: str, excerpt_of: Sequence[str] | None) -> None:
-    """Reject empty or whitespace-only labels (checked on the distinct labels: cheap)."""
+def field_problem(value: str, role: str, *, plain_lines: bool = False) -> str | None:
+    """What is wrong with a ``role`` label, or ``None``: empty, whitespace-only, or
+    (``plain_lines``: a format without quoting, where no label spans lines) holding a carriage
+    return, which makes it another label than the same text elsewhere."""
+    if not value:
+        return f"empty {role} field"
+    if value.isspace():
+        return f"blank (whitespace-only) {role} field"
+    if plain_lines and "\r" in value:
+        return (
+            f"a carriage return in the {role} field (lines that end CR CR LF, or a lone CR: "
+            "convert the file's line ends to LF or CR LF)"
+        )
+    return None
+
+
+def check_labels(
+    out: LabeledTriples,
+    source: str,
+    excerpt_of: Sequence[str] | None,
+    *,
+    plain_lines: bool = False,
+) -> None:
+    """Reject the labels :func:`field_problem` finds wrong (looked for among the distinct
+    labels: cheap), naming the first line that holds one."""
     first: tuple[int, str] | None = None
     for role, values in zip(ROLES, (out.heads, out.relations, out.tails), strict=True):
-        if any(not v or v.isspace() for v in set(values)):
-            idx = next(i for i, v in enumerate(values) if not v or v.isspace())
+        if any(field_problem(v, role, plain_lines=plain_lines) for v in set(values)):
+            idx, problem = next(
+                (i, p)
+                for i, v in enumerate(values)
+                if (p := field_problem(v, role, plain_lines=plain_lines))
+            )
             if first is None or idx < first[0]:
-                first = (idx, role)
+                first = (idx, problem)
     if first is None:
         return
-    idx, role = first
+    idx, problem = first
     line = out.line_numbers[idx]
-    values = {"head": out.heads, "relation": out.relations, "tail": out.tails}[role]
-    kind = "empty" if not values[idx] else "blank (whitespace-only)"
     excerpt = excerpt_of[line - 1] if excerpt_of is not None else None
-    raise DataError(source, f"{kind} {role} field", line=line, excerpt=excerpt)
+    raise DataError(source, problem, line=line, excerpt=excerpt)
