@@ -480,6 +480,35 @@ def test_ntriples_malformed(line: bytes, problem: str) -> None:
     assert str(err).startswith("g.tsv, line 2: malformed N-Triples statement: ")
 
 
+def test_ntriples_one_term_is_one_label_however_it_is_escaped() -> None:
+    """Escapes were kept as written: <Caf\\u00E9> and <Café> were two entities (N-Triples
+    1.0 tools escape all non-ASCII), "a"@EN and "a"@en two literals."""
+    nt = r"""<http://ex.org/Caf\u00E9> <http://ex.org/p> <http://ex.org/b> .
+<http://ex.org/Caf\U000000e9> <http://ex.org/p> "caf\u00e9"@EN .
+<http://ex.org/Café> <http://ex.org/p> "café"@en .
+<http://ex.org/b> <http://ex.org/p> "say \"hi\"\n\u0041\t" .
+<http://ex.org/b> <http://ex.org/p> "x"^^<http://www.w3.org/2001/XMLSchema#string> .
+<http://ex.org/b> <http://ex.org/p> "x" .
+""".encode()
+    lt = parse(nt, fmt="ntriples", literals="keep")
+    assert set(lt.heads) == {"http://ex.org/Café", "http://ex.org/b"}
+    assert lt.tails == ["http://ex.org/b", '"café"@en', '"café"@en', '"say \\"hi\\"\\nA\t"',
+                        '"x"', '"x"']  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (rb'<http://a> <http://p> "x\q" .', "invalid escape '\\\\q'"),
+        (rb"<http://a\u0020b> <http://p> <http://c> .", "an escape in an IRI stands for"),
+        (b"<> <http://p> <http://c> .", "an empty IRI <>"),
+    ],
+)
+def test_ntriples_bad_escapes_and_empty_iris_are_refused(line: bytes, problem: str) -> None:
+    err = data_error(b"<http://x> <http://p> <http://y> .\n" + line + b"\n", fmt="ntriples")
+    assert err.line == 2 and problem in err.problem, err.problem
+
+
 def test_ntriples_all_literals_dropped_is_not_empty_file() -> None:
     lt = parse(b'<http://a> <http://p> "x" .\n', fmt="ntriples")
     assert len(lt) == 0

@@ -55,6 +55,14 @@ def _parse_ntriples(text: str, source: str, keep_literals: bool) -> LabeledTripl
                 source, f"malformed N-Triples statement: {_nt_problem(line)}", line=i, excerpt=line
             )
         s_iri, s_bnode, pred, o_iri, o_bnode, o_literal = m.groups()
+        if "\\" in line or "<>" in line:  # escapes to decode (or refuse), an empty IRI
+            s_iri, pred, o_iri = (
+                None if x is None else _iri(x, source, i, line) for x in (s_iri, pred, o_iri)
+            )
+            if o_literal is not None:
+                o_literal = _canonical_literal(o_literal, source, i, line)
+        elif keep_literals and o_literal is not None and o_literal[-1] != '"':  # a tag or type
+            o_literal = _canonical_literal(o_literal, source, i, line)
         if o_literal is not None:
             if not keep_literals:
                 dropped += 1
@@ -67,6 +75,68 @@ def _parse_ntriples(text: str, source: str, keep_literals: bool) -> LabeledTripl
         tails.append(tail)
         nums.append(i)
     return LabeledTriples(heads, rels, tails, nums, literals_dropped=dropped)
+
+
+# one term is one label however it is written: an escape is the character it stands for
+_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|(.))", re.DOTALL)
+_ECHAR = {"t": "\t", "b": "\b", "n": "\n", "r": "\r", "f": "\f", '"': '"', "'": "'", "\\": "\\"}
+_NOT_IN_IRI = re.compile(r'[\x00-\x20<>"{}|^`\\]')
+_XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
+
+
+def _unescape(text: str, source: str, line: int, excerpt: str, *, echar: bool) -> str:
+    """``text`` with its escapes (``\\uXXXX``, ``\\UXXXXXXXX``; in literals also ``\\n``,
+    ``\\"``, ...) replaced by the characters they stand for."""
+
+    def one(m: re.Match[str]) -> str:
+        code = m.group(1) or m.group(2)
+        if code is not None and int(code, 16) <= 0x10FFFF:
+            return chr(int(code, 16))
+        if code is None and echar and m.group(3) in _ECHAR:
+            return _ECHAR[m.group(3)]
+        raise DataError(
+            source, f"malformed N-Triples statement: invalid escape {m.group(0)!r}",
+            line=line, excerpt=excerpt,
+        )  # fmt: skip
+
+    return _ESCAPE.sub(one, text)
+
+
+def _iri(iri: str, source: str, line: int, excerpt: str) -> str:
+    """An IRI's label: its escapes decoded (``<caf\\u00E9>`` is ``<café>``)."""
+    if "\\" in iri:
+        iri = _unescape(iri, source, line, excerpt, echar=False)
+        if _NOT_IN_IRI.search(iri):
+            raise DataError(
+                source,
+                "malformed N-Triples statement: an escape in an IRI stands for a character "
+                'IRIs cannot hold (spaces or <>"{}|^`\\)',
+                line=line,
+                excerpt=excerpt,
+            )
+    if not iri:
+        raise DataError(source, "malformed N-Triples statement: an empty IRI <>", line=line,
+                        excerpt=excerpt)  # fmt: skip
+    return iri
+
+
+def _canonical_literal(literal: str, source: str, line: int, excerpt: str) -> str:
+    """A literal's label in one spelling: escapes decoded and only ``\\ " \\n \\r``
+    escaped again, the language tag in lower case, ``^^xsd:string`` left out (RDF 1.1: the
+    same literal as a plain one)."""
+    end = literal.rindex('"')
+    text, suffix = literal[1:end], literal[end + 1 :]
+    if "\\" in text:
+        text = _unescape(text, source, line, excerpt, echar=True)
+        text = (
+            text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+        )
+    if suffix.startswith("@"):
+        suffix = suffix.lower()
+    elif suffix:
+        iri = _iri(suffix[3:-1], source, line, excerpt)
+        suffix = "" if iri == _XSD_STRING else f"^^<{iri}>"
+    return f'"{text}"{suffix}'
 
 
 def _nt_term(line: str, pos: int, allowed: tuple[str, ...], role: str) -> tuple[int, str | None]:
