@@ -82,6 +82,16 @@ class Comm:
         self.calls += 1
         return int(t[0])
 
+    def first(self, value: float) -> float:
+        """Rank 0's ``value``, on every rank: one number where each rank computed its own,
+        equal but for the last bits (a CPU sum's rounding follows the thread count)."""
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        t0 = time.perf_counter()
+        dist.broadcast(t, src=0)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        return float(t[0])
+
     def row_counts(self, rows: Tensor) -> list[int]:
         """How many rows each rank holds (one small all_gather)."""
         counts = self._all_gather(
@@ -242,6 +252,12 @@ class StepExchange(Exchange):
             rows, values, _ = self.comm.sparse_sum(n, g.rows, g.values, counts=counts.get(n))
             out[n] = RowGrad(rows, values)
         return out
+
+    def squared_norm(self, grads: dict[str, RowGrad]) -> float:
+        """Rank 0's: every rank holds the same summed gradient, but a CPU sum of it rounds by
+        the thread count, and ranks of other thread counts that clipped by their own norm
+        applied other updates to replicas that must stay identical (and never re-synced)."""
+        return self.comm.first(super().squared_norm(grads))
 
     def epoch_end(
         self, trainer: Trainable, loss_sum: float, queries: int, triples: int

@@ -307,11 +307,13 @@ class ShardedExchange(Exchange):
 
     def squared_norm(self, grads: dict[str, RowGrad]) -> float:
         """The whole step's squared gradient norm: the owners' rows summed over the ranks, the
-        replicated relation gradient once."""
-        buf = grads["entity"].values.pow(2).sum().reshape(1).double()
-        self.comm.dense_sum(buf)
+        replicated relation gradient once, as rank 0 sums it (a CPU sum rounds by the thread
+        count: ranks that clipped by their own drifted apart in the replicated relations)."""
         rest = sum(float(g.values.pow(2).sum()) for k, g in grads.items() if k != "entity")
-        return float(buf[0]) + rest
+        own = grads["entity"].values.pow(2).sum().double()
+        buf = torch.stack([own, own.new_tensor(rest if self.rank == 0 else 0.0)])
+        self.comm.dense_sum(buf)
+        return float(buf.sum())
 
     def epoch_end(
         self, trainer: Trainable, loss_sum: float, queries: int, triples: int
