@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from kgpipe.models.model import KGEModel
-from kgpipe.query_candidates import Candidates, count_better
+from kgpipe.query_candidates import Candidates, count_better, lift_neg_inf
 from kgpipe.query_candidates import ranks as per_query_ranks
 
 __all__ = [
@@ -134,6 +134,8 @@ def realistic_ranks(
     targets, filter_rows, filter_cols = targets.to(dev), filter_rows.to(dev), filter_cols.to(dev)
     rows = torch.arange(scores.shape[0], device=dev)
     true = scores[rows, targets].clone()
+    if bool(torch.isneginf(true).any()):
+        lift_neg_inf(scores, true)
     scores[filter_rows, filter_cols] = float("-inf")
     scores[rows, targets] = float("-inf")
     col = true.unsqueeze(1)
@@ -262,6 +264,9 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
     b = chunk.shape[0]
     rows = torch.arange(b, device=dev)
     true = _scores(model, side, chunk, targets)[rows, rows]
+    lift = bool(torch.isneginf(true).any())  # an answer at -inf: every block lifted alike
+    if lift:
+        lift_neg_inf(true)
     col = true.unsqueeze(1)
     f_rows, f_cols = index.answers(side, anchors, chunk[:, 1])
     order = torch.argsort(f_cols)
@@ -273,6 +278,8 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
     for k, lo in enumerate(range(0, n, BLOCK)):
         hi = min(lo + BLOCK, n)
         block = _scores(model, side, chunk, slice(lo, hi))
+        if lift:
+            lift_neg_inf(block)
         here = (targets >= lo) & (targets < hi)
         mine, cols = rows[here], targets[here] - lo
         if not torch.equal(block[mine, cols], true[mine]):
@@ -363,6 +370,8 @@ def split_block_ranks(
     true = torch.zeros(block.shape[0], dtype=block.dtype, device=dev)
     true[mine] = block[mine, cols]  # the target's score, from the rank that has its entity
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+    if bool(torch.isneginf(true).any()):  # the same on every rank (true is reduced)
+        lift_neg_inf(block, true)
     if exclude is not None:  # columns that are not candidates (a sampled evaluation)
         block[:, exclude] = float("-inf")
     keep, f_pos = locate(f_cols)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from kgpipe.config import ModelConfig
-from kgpipe.evaluation import FilterIndex, evaluate, rank_metrics
+from kgpipe.evaluation import FilterIndex, evaluate, rank_metrics, realistic_ranks
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.models.model import KGEModel
 
@@ -467,3 +467,48 @@ def test_a_diverged_model_ranks_last_not_first(
                                 torch.tensor([[False, True], [False, False]]))  # fmt: skip
     assert better.tolist() == [1, 1] and equal.tolist() == [0, 0]
     assert count_better(torch.tensor([[1.0, -inf, nan]]), torch.tensor([[nan]])).tolist() == [2]
+
+
+@pytest.mark.parametrize("block", [None, 5])
+def test_an_answer_scoring_minus_infinity_ties_only_with_candidates(
+    block: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Filtered columns (and the target's own) are masked with -inf, so an answer that itself
+    scored -inf (a diverging model) counted every masked column as a tie. On a score matrix
+    with answers and candidates at -inf (and a NaN), the ranks of the whole matrix and of
+    blocks of 5 columns equal a count over the unfiltered candidates."""
+    import kgpipe.evaluation as ev
+    from kgpipe.query_candidates import count_ranks
+
+    model, _, _ = _case("distmult", False, False)
+    ne, nr = model.spec.num_entities, model.spec.num_relations
+    inf, nan = float("inf"), float("nan")
+    g = torch.Generator().manual_seed(3)
+    known = _random_triples(60, ne, nr, 1)
+    chunk = known[:8].clone()
+    scores = torch.randint(0, 4, (8, ne), generator=g).float()
+    scores[torch.rand(8, ne, generator=g) < 0.3] = -inf
+    rows = torch.arange(8)
+    scores[rows[:5], chunk[:5, 2]] = -inf  # five answers at -inf
+    scores[6, 0] = nan
+    index = FilterIndex.from_triples([known], nr)
+    f_rows, f_cols = index.answers("tail", chunk[:, 0], chunk[:, 1])
+    expected = []
+    for i in range(8):
+        t = int(chunk[i, 2])
+        out = {int(c) for r, c in zip(f_rows.tolist(), f_cols.tolist(), strict=True) if r == i}
+        others = [float(scores[i, j]) for j in range(ne) if j != t and j not in out]
+        true = float(scores[i, t])
+        better = sum(x > true or math.isnan(x) for x in others)
+        expected.append(1 + better + sum(x == true for x in others) / 2)
+    if block is None:
+        got = realistic_ranks(scores.clone(), chunk[:, 2], f_rows, f_cols)
+    else:
+        monkeypatch.setattr(ev, "BLOCK", block)
+        monkeypatch.setattr(ev, "_scores", lambda m, side, c, cand: scores[:, cand].clone())
+        got = ev._blocked_ranks(model, "tail", chunk, index)
+        assert got is not None
+    assert got.tolist() == expected
+    better, equal = count_ranks(torch.tensor([[-inf, -inf, 2.0, -inf]]),
+                                torch.tensor([[True, False, False]]))  # fmt: skip
+    assert better.tolist() == [1] and equal.tolist() == [1]

@@ -35,6 +35,7 @@ from kgpipe.query_candidates import (
     count_better,
     count_ranks,
     known_mask,
+    lift_neg_inf,
     pair_scores,
 )
 
@@ -152,6 +153,9 @@ def _blocked_ranks(
         small = _scores(model, side, rows, rd, model.entity[tcols]).float()
         true[mine] = small[mine, torch.arange(mine.numel(), device=dev)]
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
+    lift = bool(torch.isneginf(true).any())  # an answer at -inf: every block lifted alike
+    if lift:
+        lift_neg_inf(true)
     col = true.unsqueeze(1)
     keep, f_pos = locate(f_cols)
     f_rows, f_pos = f_rows[keep], f_pos[keep]
@@ -164,6 +168,8 @@ def _blocked_ranks(
     for k, lo in enumerate(range(0, n, BLOCK)):
         hi = min(lo + BLOCK, n)
         block = _scores(model, side, rows, rd, model.entity[lo:hi]).float()
+        if lift:
+            lift_neg_inf(block)
         here = (tcols >= lo) & (tcols < hi)
         m_rows, m_cols = mine[here], tcols[here] - lo
         if not torch.equal(block[m_rows, m_cols], true[m_rows]):
