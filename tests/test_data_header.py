@@ -69,6 +69,9 @@ def test_csv_header_row_is_detected_by_default(tmp_path: Path) -> None:
         ("s", "p", "o"),
         ("source", "relation_type", "target"),
         ("from", "rel", "to"),
+        ("?s", "?p", "?o"),  # a SPARQL result (a Wikidata Query Service download)
+        ("$subject", "$predicate", "$object"),
+        (":START_ID", ":TYPE", ":END_ID"),  # Neo4j's import files
     ],
 )
 def test_common_column_names_are_a_header(tmp_path: Path, names: tuple[str, str, str]) -> None:

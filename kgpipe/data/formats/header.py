@@ -74,9 +74,16 @@ def _is_number(value: str) -> bool:
     return True
 
 
+#: what may start a column name: SPARQL result variables (``?s``, ``$s``), Neo4j's ``:TYPE``
+_SIGILS = "?$:"
+
+
 def is_column_name(value: str) -> bool:
-    """``value`` could name a column: :data:`COLUMN_NAME`, and not a number (``"nan"``)."""
-    return COLUMN_NAME.fullmatch(value.strip()) is not None and not _is_number(value)
+    """``value`` could name a column: :data:`COLUMN_NAME` (after a sigil of :data:`_SIGILS`),
+    and not a number (``"nan"``)."""
+    name = value.strip()
+    name = name[1:] if name[:1] in _SIGILS else name
+    return COLUMN_NAME.fullmatch(name) is not None and not _is_number(value)
 
 
 def _occurs(values: list[str], value: str, start: int = 0) -> bool:
