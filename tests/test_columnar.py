@@ -179,6 +179,19 @@ def test_a_line_longer_than_a_block_is_read_in_larger_blocks(
     assert long in out.vocab.entities
 
 
+def test_comment_lines_of_three_fields_are_counted_in_a_warning_by_both_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A head that starts with '#' (a hashtag) makes its line a comment: two of three triples
+    were gone without a word."""
+    text = "#python\tr\t#java\n#java\tr\t#rust\n# a note\n#\t\t\nrust\tr\t#python\n" + GRAPH
+    with caplog.at_level("WARNING", logger="kgpipe.data"):
+        out, seen = _both(tmp_path, monkeypatch, {"train": text})
+    assert seen == ["columnar"] and out.train.shape[0] == 5
+    said = [r.getMessage() for r in caplog.records if "skipped as comments" in r.getMessage()]
+    assert len(said) == 2 and all("2 lines starting with '#' hold three fields" in m for m in said)
+
+
 def test_bad_block_size() -> None:
     with pytest.raises(ValueError, match="block_size"):
         DataConfig(train="x.tsv", block_size="1KiB")

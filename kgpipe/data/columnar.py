@@ -1,34 +1,27 @@
 """Columnar staging of tab-separated triples with pyarrow, for graphs of any size.
 
-The line parser (:mod:`kgpipe.data.formats`) holds the whole file's text and a Python string for
-every field of every line: about 250 bytes per triple, 25 GB for 100M edges. This reader takes the
-same files as blocks of ``data.block_size`` bytes through pyarrow's streaming CSV reader (parsed
-on pyarrow's threads) and holds, beyond one block, only the distinct labels and the ids
-(``int32`` where they fit):
+The line parser holds the file's text and a Python string per field: ~250 bytes per triple,
+25 GB for 100M edges. This reader streams blocks of ``data.block_size`` bytes through pyarrow's
+CSV reader (on pyarrow's threads) and holds, beyond a block, the distinct labels and the ids:
 
-1. **Scan** each file once: its rows, its distinct entity and relation labels (``unique`` per
-   block, merged as they grow), the SHA-256 of its (decompressed) bytes and its first row (for
-   ``data.header: auto``).
-2. **Ids** as :class:`~kgpipe.data.vocab.Vocabulary` assigns them: train labels sorted, then the
-   labels seen only in valid/test, sorted. pyarrow sorts strings by their UTF-8 bytes, which is
-   the code point order Python's ``sorted`` uses, so the ids are the line parser's.
-3. **Map** each file again into one array per split allocated from the scan's row count (or a
-   spill file, :mod:`kgpipe.data.dedup`): a buffer of blocks is dictionary-encoded, and its
+1. **Scan** each file once: its rows, distinct entity and relation labels (merged as they
+   grow), the SHA-256 of its bytes and its first row (for ``data.header: auto``).
+2. **Ids** as :class:`~kgpipe.data.vocab.Vocabulary` assigns them: train labels sorted, then
+   the others, sorted (pyarrow by UTF-8 bytes: Python's code point order, the same ids).
+3. **Map** each file again into an array per split sized by the scan (or a spill file,
+   :mod:`kgpipe.data.dedup`): a buffer of blocks is dictionary-encoded, and its
    distinct labels are found among the sorted labels by probing every label against a hash of
-   the buffer's distinct labels (``index_in`` the other way round would hash the whole label
-   set on every call: ~0.8 GB for 11.6M labels, and slower). A call costs O(labels), so blocks
-   are buffered until they hold as many rows as there are labels (at least 1M), or, under a
-   memory budget, a quarter of it in text.
+   the buffer's distinct labels (``index_in`` would hash all labels per call: ~0.8 GB for
+   11.6M). A call costs O(labels), so blocks are buffered up to as many rows as there are
+   labels (at least 1M), or, under a memory budget, a quarter of it in text.
 
-The rules are the line parser's: ``#`` lines, empty and whitespace-only lines are skipped, a leading
-BOM is dropped, CRLF and LF both end lines, fields are taken as they are (no quoting). A line the
-fast reader would not take as the line parser does (a wrong number of fields, an empty or blank
-label, invalid UTF-8, a carriage return not followed by a line feed) stops it:
-:func:`kgpipe.data.reading.locate_problem` then reads the file once more, a line at a time in
-constant memory, and raises the line parser's own error with its line number; when it finds none
-(a lone carriage return, say) the caller falls back to the line parser. A file with no triples
-gets the line parser's error. Files that change between the two reads are refused. Zstandard
-files stay with the line parser (their stream reader cannot be read by line).
+The rules are the line parser's: ``#`` lines (counted where they hold three fields, for a
+warning), empty and whitespace-only lines are skipped, a leading BOM is dropped, CRLF and LF end
+lines, fields are taken as they are. A line it would not take as the line parser does (a wrong
+field count, a wrong label, invalid UTF-8, a lone carriage return) stops it:
+:func:`kgpipe.data.reading.locate_problem` reads the file once more, a line at a time, and raises
+the line parser's error with its line; a line longer than a block is read again in larger
+blocks. Files that change between reads are refused; Zstandard files go to the line parser.
 """
 
 from __future__ import annotations
@@ -74,6 +67,7 @@ class FileScan:
     relations: pa.Array
     sha256: str
     header: bool
+    comment_triples: int = 0  # comment lines of three non-blank fields
 
 
 class _Hashing:
@@ -126,9 +120,8 @@ def retried_read(
 
 @contextlib.contextmanager
 def _quiet_undecodable_rows() -> Iterator[None]:
-    """pyarrow decodes an invalid row's text before it calls the handler, and reports the
-    ``UnicodeDecodeError`` of a row that is not UTF-8 as an unraisable exception on stderr; the
-    row is refused all the same, and the line scan then names the byte. Keep stderr quiet."""
+    """pyarrow reports the ``UnicodeDecodeError`` of a row that is not UTF-8 on stderr (an
+    unraisable exception) before refusing it; the line scan then names the byte. Keep quiet."""
     previous = sys.unraisablehook
 
     def hook(info: Any) -> None:
@@ -143,17 +136,18 @@ def _quiet_undecodable_rows() -> Iterator[None]:
 
 
 def _batches(
-    f: _Hashing, url: str, delimiter: str, block_size: int
+    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None = None
 ) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
-    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped."""
+    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped (and
+    counted in ``comments[0]`` where they hold three non-blank fields, as the line parser's
+    :func:`~kgpipe.data.formats.text.comment_triple`)."""
     with _quiet_undecodable_rows():
-        yield from _read_batches(f, url, delimiter, block_size)
+        yield from _read_batches(f, url, delimiter, block_size, comments)
 
 
 def _read_batches(
-    f: _Hashing, url: str, delimiter: str, block_size: int
+    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None
 ) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
-    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped."""
 
     def invalid(row: Any) -> str:
         text = row.text or ""
@@ -187,7 +181,11 @@ def _read_batches(
         h, r, t = (batch.column(i) for i in range(3))
         blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in (h, r, t)]
         # a `#` line that happens to have three fields, or one of only delimiters and spaces
-        drop = pc.or_(pc.starts_with(h, "#"), pc.and_(pc.and_(blank[0], blank[1]), blank[2]))
+        hashed = pc.starts_with(h, "#")
+        drop = pc.or_(hashed, pc.and_(pc.and_(blank[0], blank[1]), blank[2]))
+        if comments is not None and pc.any(hashed).as_py():
+            filled = pc.invert(pc.or_(pc.or_(blank[0], blank[1]), blank[2]))
+            comments[0] += pc.sum(pc.and_(hashed, filled)).as_py() or 0
         if pc.any(drop).as_py():
             keep = pc.invert(drop)
             h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))
@@ -261,9 +259,10 @@ def scan_file(
         first: tuple[str, str, str] | None = None
         skip = header is True
         counts = {"hh": 0, "ht": 0, "th": 0, "tt": 0, "r": 0}
+        comments = [0]
         with opened(url, storage_options) as raw:
             f = _Hashing(raw, url)
-            for h, r, t in _batches(f, url, delimiter, block_size):
+            for h, r, t in _batches(f, url, delimiter, block_size, comments):
                 if first is None and len(h):
                     first = (h[0].as_py(), r[0].as_py(), t[0].as_py())
                     names = all(normalize(x) in HEADER_NAMES for x in first)
@@ -294,7 +293,7 @@ def scan_file(
             raise DataError(url, "no triples found (the file has only a header row)")
         if rows == 0:
             raise DataError(url, "no triples found (empty file)")
-        return FileScan(url, rows, entities, relations, sha, is_header)
+        return FileScan(url, rows, entities, relations, sha, is_header, comments[0])
 
     result: FileScan = retried_read(url, storage_options, retry, scan)
     return result
@@ -364,9 +363,10 @@ def columnar_ids(
             pos += k
             return True
 
+        comments = [0]
         with opened(url, storage_options) as raw:
             f = _Hashing(raw, url)
-            for h, r, t in _batches(f, url, delimiter, block_size):
+            for h, r, t in _batches(f, url, delimiter, block_size, comments):
                 if skip and len(h):
                     h, r, t, skip = h[1:], r[1:], t[1:], False
                 pending.append((h, r, t))

@@ -25,7 +25,13 @@ from kgpipe.data.columnar import (
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
-from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, skipped_line
+from kgpipe.data.formats.text import (
+    ROLES,
+    comment_warning,
+    describe_delimiter,
+    field_problem,
+    skipped_line,
+)
 from kgpipe.data.io import Fallback, opened, read_bytes, reading_errors, split_compression
 from kgpipe.data.labels import Labels
 from kgpipe.data.vocab import Vocabulary
@@ -157,6 +163,8 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                 size = 2 * longest
         _check_benchmark(src, scan.sha256)
         scans[src.split], blocks[src.split] = scan, size
+        if scan.comment_triples:
+            _log.warning(comment_warning(src.url, scan.comment_triples))
 
     train = scans["train"]
     extra_e = [s.entities for k, s in scans.items() if k != "train"]
@@ -274,6 +282,8 @@ def _read_lines(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
     by_split = {src.split: src for src in srcs}
     for src in srcs:  # train first: header detection in valid/test compares with train
         lt, digests[src.split], header, how = _parse(src, cfg, retry)
+        if lt.comment_triples:
+            _log.warning(comment_warning(src.url, lt.comment_triples))
         if how == "auto":
             header = detect_header(lt, parsed.get("train"))
             if header:

@@ -22,6 +22,8 @@ class LabeledTriples:
     line_numbers: list[int]
     #: N-Triples statements skipped because their object is a literal (``literals="drop"``).
     literals_dropped: int = 0
+    #: comment lines that hold three non-blank fields (:func:`~.text.comment_triple`)
+    comment_triples: int = 0
 
     def __len__(self) -> int:
         return len(self.heads)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, TripleFormat
 from kgpipe.data.formats.text import (
     check_labels,
+    comment_triple,
     decode,
     describe_delimiter,
     resolve_columns,
@@ -57,6 +58,7 @@ def _parse_tsv(
     tails: list[str] = []
     nums: list[int] = []
     start = 0
+    comments = 0
     names: list[str] | None = None
     header_line: int | None = None
     if header:
@@ -91,6 +93,7 @@ def _parse_tsv(
         for i in range(start, len(lines)):
             line = lines[i]
             if skipped_line(line, delimiter):
+                comments += line[:1] == "#" and comment_triple(line, delimiter)
                 continue
             fields = line.split(delimiter)
             if len(fields) != 3:
@@ -111,6 +114,7 @@ def _parse_tsv(
         for i in range(start, len(lines)):
             line = lines[i]
             if skipped_line(line, delimiter):
+                comments += line[:1] == "#" and comment_triple(line, delimiter)
                 continue
             fields = line.split(delimiter)
             if len(fields) < need:
@@ -125,7 +129,7 @@ def _parse_tsv(
             rels.append(fields[ri])
             tails.append(fields[ti])
             nums.append(i + 1)
-    out = LabeledTriples(heads, rels, tails, nums)
+    out = LabeledTriples(heads, rels, tails, nums, comment_triples=comments)
     check_labels(out, source, lines, plain_lines=True)
     if header_line is not None and not heads:
         raise DataError(source, "no triples found (the file has only a header row)")
@@ -144,6 +148,7 @@ def _parse_csv(
     lines = split_lines(text)
     last = len(lines) - 1
     at_record_start = [True]
+    comments = [0]
 
     def feed() -> Iterator[str]:
         # Comment lines are recognised only where a record starts (not inside a quoted,
@@ -152,6 +157,7 @@ def _parse_csv(
             if at_record_start[0]:
                 at_record_start[0] = False
                 if line.startswith("#"):
+                    comments[0] += comment_triple(line, delimiter)
                     yield "\n"
                     continue
             yield line + "\n" if i < last else line
@@ -222,7 +228,7 @@ def _parse_csv(
         rels.append(row[idx[1]])
         tails.append(row[idx[2]])
         nums.append(first_line)
-    out = LabeledTriples(heads, rels, tails, nums)
+    out = LabeledTriples(heads, rels, tails, nums, comment_triples=comments[0])
     check_labels(out, source, lines)
     if header_line is not None and not heads:
         raise DataError(source, "no triples found (the file has only a header row)")

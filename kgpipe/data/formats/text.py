@@ -10,6 +10,8 @@ from kgpipe.errors import DataError
 __all__ = [
     "ROLES",
     "check_labels",
+    "comment_triple",
+    "comment_warning",
     "decode",
     "describe_delimiter",
     "field_problem",
@@ -62,6 +64,24 @@ def skipped_line(line: str, delimiter: str) -> bool:
         return True
     first = line[0]
     return (first == delimiter or first.isspace()) and not line.replace(delimiter, "").strip()
+
+
+def comment_triple(line: str, delimiter: str) -> bool:
+    """A comment line (``#`` first) of three non-blank fields: perhaps a triple whose head
+    starts with ``#`` (a hashtag, a colour), which TSV and CSV read as a comment."""
+    if line[:1] != "#":
+        return False
+    fields = line.split(delimiter)
+    return len(fields) == 3 and all(f.strip() for f in fields)
+
+
+def comment_warning(source: str, count: int) -> str:
+    """The warning for ``count`` lines of :func:`comment_triple` in ``source``."""
+    lines = "1 line" if count == 1 else f"{count:,} lines"
+    return (
+        f"{source}: {lines} starting with '#' hold three fields and were skipped as comments "
+        "(a line that starts with '#' is a comment, so a head label cannot start with '#')"
+    )
 
 
 def describe_delimiter(delimiter: str, fmt: str) -> str:
