@@ -20,7 +20,7 @@ from kgpipe.data.dedup import (
     spilled_first_occurrences,
 )
 from kgpipe.data.reading import Parsed, Source, read_splits, sources
-from kgpipe.data.split import split_record, split_triples
+from kgpipe.data.split import keep_rows, split_record, split_triples
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
@@ -328,9 +328,10 @@ def _split(
             literals_dropped=0,
             split_from="train",
         )
-    tensors["train"] = torch.from_numpy(np.ascontiguousarray(rows[parts.train]))
+    # train's rows moved to the front of the array in place (rows[train] copied them all)
+    tensors["train"] = torch.from_numpy(keep_rows(rows, parts.in_train))
     moved = len(parts.valid) + len(parts.test)
-    reports["train"] = replace(base, triples=len(parts.train), split_off=moved)
+    reports["train"] = replace(base, triples=parts.train_count, split_off=moved)
     return split_record(parts, base.source, seed=cfg.split.seed, **fractions)
 
 
