@@ -16,7 +16,7 @@ import pytest
 from kgpipe.config import DataConfig, hashed_view, parse_config
 from kgpipe.config.sections import SplitConfig
 from kgpipe.data.dataset import TripleDataset, load_dataset
-from kgpipe.data.split import split_triples
+from kgpipe.data.split import keep_rows, split_triples
 from kgpipe.errors import ConfigError
 from kgpipe.pipeline import train
 from kgpipe.runs.stage import NO_VALIDATION, prepare_run
@@ -274,3 +274,18 @@ def test_a_run_on_one_file_with_a_split_validates_and_tests(tmp_path: Path) -> N
     assert info["splits"]["train"]["header"] is True
     assert 0.0 < result.results["mrr"] <= 1.0
     assert not any("no validation data" in line for line in said)
+
+
+def test_the_split_is_the_one_earlier_versions_made() -> None:
+    """The shuffle order is now drawn as int32 (half the memory of permutation(n)'s int64):
+    the same order, so a graph splits as before (values from the int64 code, f54f223)."""
+    g = np.random.default_rng(11)
+    rows = np.stack(
+        [g.integers(0, 40, 500), g.integers(0, 5, 500), g.integers(0, 40, 500)], 1
+    ).astype(np.int32)
+    parts = split_triples(rows, valid=0.1, test=0.1, seed=4)
+    assert parts.valid[:8].tolist() == [3, 5, 10, 11, 34, 37, 38, 41]
+    assert parts.test[:8].tolist() == [42, 44, 51, 71, 76, 80, 84, 89]
+    assert parts.train_count == len(parts.train) == 500 - len(parts.valid) - len(parts.test)
+    train = keep_rows(rows.copy(), parts.in_train)
+    assert np.array_equal(train, rows[parts.train])
