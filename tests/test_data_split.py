@@ -276,7 +276,7 @@ def test_a_run_on_one_file_with_a_split_validates_and_tests(tmp_path: Path) -> N
     assert not any("no validation data" in line for line in said)
 
 
-def test_the_split_is_the_one_earlier_versions_made() -> None:
+def test_the_split_is_the_one_earlier_versions_made(monkeypatch: pytest.MonkeyPatch) -> None:
     """The shuffle order is now drawn as int32 (half the memory of permutation(n)'s int64):
     the same order, so a graph splits as before (values from the int64 code, f54f223)."""
     g = np.random.default_rng(11)
@@ -287,5 +287,9 @@ def test_the_split_is_the_one_earlier_versions_made() -> None:
     assert parts.valid[:8].tolist() == [3, 5, 10, 11, 34, 37, 38, 41]
     assert parts.test[:8].tolist() == [42, 44, 51, 71, 76, 80, 84, 89]
     assert parts.train_count == len(parts.train) == 500 - len(parts.valid) - len(parts.test)
+    import kgpipe.data.split as split
+
+    monkeypatch.setattr(split, "_CHUNK", 4)  # chunks of 64 rows: counted and moved in 8
+    assert split_triples(rows, valid=0.1, test=0.1, seed=4).valid.tolist() == parts.valid.tolist()
     train = keep_rows(rows.copy(), parts.in_train)
     assert np.array_equal(train, rows[parts.train])
