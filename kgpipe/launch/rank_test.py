@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -27,6 +28,7 @@ from kgpipe.errors import CheckpointError
 from kgpipe.evaluation import FilterIndex
 from kgpipe.launch.rank import RankSpec, joined, shared_triples
 from kgpipe.runs.finish import test_results
+from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.sharded import load_rank_state
 from kgpipe.training.optim import RowOptimizer
 
@@ -69,47 +71,55 @@ def rank_test(spec: RankSpec) -> dict[str, Any] | None:
     ``spec.start_epoch``; rank 0 returns the test metrics (with ``model_epoch``), the others
     None. A collective: every rank of the gang runs it."""
     with joined(spec) as (run, device):
-        config = run.config
-        if spec.start_epoch is None:
-            raise CheckpointError(f"{run.url}: no checkpoint named to rank the test split of")
-        shared = shared_triples(run, spec.world_size)
         try:
-            data = run.staged(triples=shared.tensor if shared is not None else None)
-            shard_map = ShardMap.build(
-                run.num_entities,
-                shards=config.distributed.entity_shards,
-                world_size=spec.world_size,
-                seed=config.run.seed,
-            )
-            exchange = ShardedExchange(Comm(spec.world_size, device=device), shard_map, spec.rank)
-            ckpt = CheckpointStore(run.store)
-            committed = {c.epoch: c for c in ckpt.committed()}
-            if spec.start_epoch not in committed:
-                raise CheckpointError(f"{run.url}: no checkpoint of epoch {spec.start_epoch}")
-            state = load_rank_state(ckpt, committed[spec.start_epoch], exchange, tables=True)
-            model = run.new_model(rows=exchange.own.cpu())
-            with torch.no_grad():
-                model.entity.copy_(state.tables["entity"])
-                model.relation.copy_(state.tables["relation"])
-            del state
-            model.to(device)
-            exchange.bind(_Tables({"entity": model.entity, "relation": model.relation}))
-            index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
-            lead = spec.rank == 0
-            progress = _Progress(spec.queue) if lead and spec.queue else None
-            results = test_results(
-                config,
-                model,
-                data.test,
-                index,
-                "test",
-                progress,
-                candidates=run.candidates("test"),
-                evaluator=functools.partial(evaluate_sharded, model, exchange),
-            )
-        finally:
-            if shared is not None:
-                shared.close()
+            return _test(spec, run, device)
+        except BaseException as err:  # its traceback would keep the model past the gang
+            traceback.clear_frames(err.__traceback__)
+            raise
+
+
+def _test(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any] | None:
+    config = run.config
+    if spec.start_epoch is None:
+        raise CheckpointError(f"{run.url}: no checkpoint named to rank the test split of")
+    shared = shared_triples(run, spec.world_size)
+    try:
+        data = run.staged(triples=shared.tensor if shared is not None else None)
+        shard_map = ShardMap.build(
+            run.num_entities,
+            shards=config.distributed.entity_shards,
+            world_size=spec.world_size,
+            seed=config.run.seed,
+        )
+        exchange = ShardedExchange(Comm(spec.world_size, device=device), shard_map, spec.rank)
+        ckpt = CheckpointStore(run.store)
+        committed = {c.epoch: c for c in ckpt.committed()}
+        if spec.start_epoch not in committed:
+            raise CheckpointError(f"{run.url}: no checkpoint of epoch {spec.start_epoch}")
+        state = load_rank_state(ckpt, committed[spec.start_epoch], exchange, tables=True)
+        model = run.new_model(rows=exchange.own.cpu())
+        with torch.no_grad():
+            model.entity.copy_(state.tables["entity"])
+            model.relation.copy_(state.tables["relation"])
+        del state
+        model.to(device)
+        exchange.bind(_Tables({"entity": model.entity, "relation": model.relation}))
+        index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
+        lead = spec.rank == 0
+        progress = _Progress(spec.queue) if lead and spec.queue else None
+        results = test_results(
+            config,
+            model,
+            data.test,
+            index,
+            "test",
+            progress,
+            candidates=run.candidates("test"),
+            evaluator=functools.partial(evaluate_sharded, model, exchange),
+        )
+    finally:
+        if shared is not None:
+            shared.close()
     if not lead:
         return None
     results["ranked_by"], results["ranks"] = "gang", spec.world_size
