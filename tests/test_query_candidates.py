@@ -192,3 +192,26 @@ def test_the_protocol_is_part_of_what_early_stopping_compares() -> None:
     assert config_hash(cfg(patience=2, candidates=50)) == config_hash(
         cfg(patience=2, candidates=50)
     )
+
+
+def test_sampling_is_part_of_what_early_stopping_compares(tmp_path: Path) -> None:
+    """A resume could set or unset evaluation.sampled under early stopping: epochs scored by
+    full ranking then stopped the run against a sampled "best" (0.85 against 0.63) and the
+    older sampled model was exported. Refused now, naming the key; without patience, and for
+    runs without sampling, nothing changes."""
+    from kgpipe.errors import KgpipeError
+    from kgpipe.pipeline import train
+
+    def cfg(**evaluation: object) -> object:
+        return parse_config({"data": {"dataset": "umls"}, "evaluation": {"every": 1, **evaluation}})
+
+    assert config_hash(cfg(sampled=10)) == config_hash(cfg())
+    assert config_hash(cfg(patience=2, sampled=10)) != config_hash(cfg(patience=2))
+    assert config_hash(cfg(patience=2, sampled=10)) != config_hash(cfg(patience=2, sampled=5))
+    base = {"run": {"root": str(tmp_path), "name": "s"}, "data": {"dataset": "umls"},
+            "model": {"name": "distmult", "dim": 8}, "training": {"epochs": 1}}  # fmt: skip
+    evaluation = {"every": 1, "patience": 2, "test": False}
+    train(parse_config({**base, "evaluation": {**evaluation, "sampled": 10}}))
+    longer = {**base, "training": {"epochs": 2}, "evaluation": evaluation}
+    with pytest.raises(KgpipeError, match=r"evaluation.sampled: 10 in the run, None given\)"):
+        train(parse_config(longer), resume=True)

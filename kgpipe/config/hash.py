@@ -58,6 +58,10 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
         data.setdefault("evaluation", {}).update(
             candidates=ev.candidates, candidates_seed=ev.candidates_seed
         )
+    if ev.sampled is not None and ev.patience:
+        # sampled MRRs run above full ranking's too: early stopping (and the best checkpoint
+        # it keeps) compared the two after a resume that set or unset evaluation.sampled
+        data.setdefault("evaluation", {})["sampled"] = ev.sampled
     if config.data.split is None:  # runs from before data.split existed keep their hash
         data["data"].pop("split", None)
     if data["data"].get("header") == "auto":

@@ -66,9 +66,8 @@ def check_resumable(store: Store, config: RunConfig) -> Resume:
         _check_extension(store, config, recorded)
         return Resume(config, extended_from=recorded)
     if differences:
-        listed = "; ".join(
-            f"{key}: {old!r} in the run, {new!r} given" for key, old, new in differences
-        )
+        refused = [d for d in differences if d[0] != "training.epochs" or not schedule.extendable]
+        listed = "; ".join(f"{key}: {old!r} in the run, {new!r} given" for key, old, new in refused)
         follows = [n for n in SCHEDULES if SCHEDULES.get(n).follows_validation]
         extendable = [n for n in SCHEDULES if SCHEDULES.get(n).extendable]
         raise RunError(
@@ -76,7 +75,8 @@ def check_resumable(store: Store, config: RunConfig) -> Resume:
             f"({listed}); a run continues only with what it was started with. "
             f"{', '.join(RESUMABLE_CHANGES)} and training.threads/device/precision/allocator "
             f"may change (evaluation.every, .sampled and .candidates not under training.schedule="
-            f"{'/'.join(follows)}), and training.epochs may grow under a "
+            f"{'/'.join(follows)}, nor .sampled and .candidates under evaluation.patience), and "
+            "training.epochs may grow under a "
             f"{' or '.join(extendable)} learning-rate schedule. For a new run choose another "
             "run.name, or --overwrite to replace this one"
         )
