@@ -47,10 +47,14 @@ def retrain_kge(
             "%s changed: warm start from %s", "the source" if same_recipe else "the config", warm
         )
     summary = train_kge(run_config, resume=False, warm_start=warm, previous=previous)
+    trained = summary["fingerprint"]  # staging reads the source again: what it trained on
+    if trained != fingerprint:
+        logger.warning("the source graph changed while this run staged it; recorded: the "
+                       "graph it trained on (%s)", trained[:12])  # fmt: skip
     record_latest(
         config,
         series,
-        {"run": summary["run"], "fingerprint": fingerprint, "results": summary["results"],
+        {"run": summary["run"], "fingerprint": trained, "results": summary["results"],
          "url": summary["run"], "previous": warm, "config_hash": recipe},
     )  # fmt: skip
     return Completed(message="retrained", data={**summary, "changed": True})

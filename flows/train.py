@@ -90,6 +90,7 @@ def build_train_flow(callbacks: Sequence[Callback] = ()) -> Flow[..., dict[str, 
                 track_results(tracker, results, history, seconds=time.perf_counter() - t0)
         summary = {
             "run": run.url,
+            "fingerprint": run.fingerprint,  # of the data it staged and trained on
             "report": report,
             "epochs": len(history),
             "restarts": restarts,
