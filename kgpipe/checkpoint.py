@@ -4,6 +4,7 @@ Layout under the run folder::
 
     checkpoints/epoch-000007/state-<token>.safetensors   # tables, optimiser state, RNG state
     checkpoints/epoch-000007/manifest.json               # the commit: checksums, epoch, ...
+    checkpoints/corrupt/epoch-000009-<token>.json        # a manifest un-committed on resume
 
 The state file's name carries a random token, so an attempt that failed half-way (or a stale
 writer) can never overwrite bytes that a committed manifest points to. A checkpoint exists only
@@ -12,8 +13,7 @@ their checksums (:mod:`kgpipe.checksums`); incomplete or corrupt ones are skippe
 Committed manifests are created, never overwritten (a stale writer's commit of the same epoch
 fails); retention removes a manifest first, so a half-deleted checkpoint is an uncommitted one.
 
-A sharded run's ranks each write their shards' file; rank 0 commits the manifest listing them all
-(:mod:`kgpipe.sharded_tensors`). Tensors are stored with safetensors (no pickle); the rest is JSON.
+Sharded ranks write a file each; rank 0's manifest lists them (:mod:`kgpipe.sharded_tensors`).
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ class CheckpointStore:
 
     def resume_point(self) -> tuple[Checkpoint, TrainState] | None:
         """:meth:`latest`, after un-committing newer checkpoints that fail verification (their
-        manifest is kept aside as ``corrupt-<token>.json``) so those epochs can be committed
+        manifest is kept as ``corrupt/epoch-N-<token>.json``) so those epochs can be committed
         again by the resumed training."""
         found = self.latest()
         self._uncommit_after(found[0].epoch if found else 0)
@@ -307,7 +307,7 @@ class CheckpointStore:
                     continue
             except (ValueError, UnicodeDecodeError, AttributeError):
                 pass  # empty, cut short, not an object: unreadable
-            rel = f"{_dir(epoch)}/corrupt-{uuid.uuid4().hex[:8]}.json"
+            rel = f"{ROOT}/corrupt/epoch-{epoch:06d}-{uuid.uuid4().hex[:8]}.json"
             self.store.write_bytes(rel, data)  # as it was
             self.store.remove(manifest, recursive=False)
             said = "checkpoint of epoch %d does not verify; un-committed (manifest kept as %s)"

@@ -327,9 +327,14 @@ def test_resume_falls_back_past_a_corrupt_checkpoint(tmp_path: Path) -> None:
     raw = bytearray(state_file.read_bytes())
     raw[len(raw) // 2] ^= 0x01
     state_file.write_bytes(bytes(raw))
+    manifest = (state_file.parent / "manifest.json").read_text()
     train(_config(str(tmp_path), "r"), resume=True)
     _assert_same_model(tmp_path / "straight", tmp_path / "r")
     assert sorted(_manifests(tmp_path / "r")) == [1, 2, 3, 4]
+    # the corrupt checkpoint's manifest, kept aside, outlives its epoch's recommit (it was in
+    # the epoch's folder, which the recommit clears: the warning named a file that was gone)
+    aside = list((tmp_path / "r" / "checkpoints" / "corrupt").glob("epoch-000003-*.json"))
+    assert [p.read_text() for p in aside] == [manifest]
 
 
 def test_resume_goes_past_an_unreadable_manifest(tmp_path: Path) -> None:
@@ -357,7 +362,7 @@ def test_a_newer_kgpipes_manifest_is_left_as_it_is(tmp_path: Path) -> None:
     assert store.resume_checkpoint() is None
     assert (tmp_path / "checkpoints" / "epoch-000002" / "manifest.json").exists()
     assert not (tmp_path / "checkpoints" / "epoch-000003" / "manifest.json").exists()
-    aside = list((tmp_path / "checkpoints" / "epoch-000003").glob("corrupt-*.json"))
+    aside = list((tmp_path / "checkpoints" / "corrupt").glob("epoch-000003-*.json"))
     assert [p.read_text() for p in aside] == ["{"]
 
 
