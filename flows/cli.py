@@ -18,6 +18,8 @@ from typing import Any
 
 from flows.server import TiedPrefectServer
 from kgpipe.config import RunConfig
+from kgpipe.endpoints import tcp_problem
+from kgpipe.errors import RunError
 from kgpipe.runs.folder import RESULTS, run_store
 from kgpipe.runs.parsed import forget_parsed
 from kgpipe.runs.stage import preflight, run_lease
@@ -119,6 +121,19 @@ def configured_api_url() -> str | None:
         return None
 
 
+def _check_prefect_api() -> None:
+    """A configured Prefect API that does not answer: one line, before any work (Prefect's
+    client failed with three tracebacks of 114 lines once the flow had started)."""
+    url = configured_api_url()
+    problem = tcp_problem(url) if url else None
+    if url and problem:
+        raise RunError(
+            f"cannot reach the Prefect API at {url} ({problem}; set by PREFECT_API_URL or the "
+            "active Prefect profile): start that server, unset it to let kgpipe start its own, "
+            "or train without Prefect: --no-prefect"
+        )
+
+
 def run(
     config: RunConfig,
     *,
@@ -133,6 +148,7 @@ def run(
     ``log`` hears kgpipe's messages from the flow (Prefect's console lines are at WARNING
     unless ``verbose``)."""
     config = config.with_run_name()
+    _check_prefect_api()
     # one writer per run folder: the lease is taken before Prefect starts, and under it bad
     # input stops with a plain message, before Prefect logs a task failure and before an
     # existing run folder would be replaced

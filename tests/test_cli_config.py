@@ -208,3 +208,22 @@ def test_a_key_given_twice_is_refused_with_both_lines(tmp_path: Path) -> None:
 
     merged = load_yaml("base: &b {a: 1, c: 2}\nother:\n  <<: *b\n  a: 3\n", "x.yaml")
     assert merged["other"] == {"a": 3, "c": 2}
+
+
+def test_a_prefect_api_that_does_not_answer_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PREFECT_API_URL (or profile) whose server has stopped: three tracebacks of 114 lines
+    once the flow had started; now one line before any work."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("PREFECT_API_URL", f"http://127.0.0.1:{port}/api")
+    good = str(REPO / "configs" / "umls-complex.yaml")
+    code = main(["train", "-c", good, "--set", f"run.root={tmp_path}", "-q"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"cannot reach the Prefect API at http://127.0.0.1:{port}/api" in err
+    assert "--no-prefect" in err and not list(tmp_path.iterdir())
