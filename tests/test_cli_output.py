@@ -121,6 +121,13 @@ def test_the_run_is_announced_once_not_at_every_validation(
     code, _, err = run_cli([*argv, "--resume"], capsys)
     assert code == 0, err
     assert re.findall(r"scores\) epochs (\S+),", err) == ["5..6"], err
+    # a log file: lines as the messages are, no padding to the width, no message broken
+    lines = err.splitlines()
+    assert all(line == line.rstrip() for line in lines), [x for x in lines if x != x.rstrip()]
+    assert any(
+        re.fullmatch(rf"\[[\d:]+\] training complex .* -> {re.escape(str(tmp_path))}/once", x)
+        for x in lines
+    ), err
 
 
 @pytest.mark.slow

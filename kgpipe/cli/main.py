@@ -8,9 +8,13 @@ import signal
 import threading
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from kgpipe.cli.signals import Terminated, resend_swallowed_signals
 from kgpipe.errors import KgpipeError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["build_parser", "main"]
 
@@ -46,15 +50,35 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+def _console() -> Console:
+    """The console of progress, log lines and errors (stderr). For a log file or a pipe its
+    log lines are ``[time] message``, as the messages are: Rich's log table padded every line
+    to the width with spaces and broke long ones at it (``grep`` missed their words)."""
+    import datetime as dt
+
+    from rich.console import Console
+
+    class PlainLog(Console):
+        def log(self, *objects: Any, sep: str = " ", end: str = "\n", **kw: Any) -> None:
+            stamp = dt.datetime.now().strftime("[%X]")
+            indent = "\n" + " " * (len(stamp) + 1)  # a message's next lines under its first
+            objects = tuple(o.replace("\n", indent) if isinstance(o, str) else o for o in objects)
+            self.print(stamp, *objects, sep=sep, end=end, soft_wrap=True,
+                       highlight=kw.get("highlight"), markup=kw.get("markup"))  # fmt: skip
+
+    console = Console(stderr=True, log_path=False)
+    if console.is_terminal:
+        return console
+    # what is not a log line (a table) is not wrapped at 80 either
+    width = None if "COLUMNS" in os.environ else 160
+    return PlainLog(stderr=True, log_path=False, width=width)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kgpipe`` console script. Exit status: 0, 2 for a user's error
     (one line, no traceback), 130 after Ctrl-C / SIGINT, 143 after SIGTERM."""
-    from rich.console import Console
-
     args = build_parser().parse_args(argv)
-    console = Console(stderr=True, log_path=False)
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = 160  # a log file: lines as the messages are, not wrapped at 80
+    console = _console()
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
