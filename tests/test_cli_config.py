@@ -227,3 +227,23 @@ def test_a_prefect_api_that_does_not_answer_is_one_line(
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"cannot reach the Prefect API at http://127.0.0.1:{port}/api" in err
     assert "--no-prefect" in err and not list(tmp_path.iterdir())
+
+
+def test_an_interrupted_run_says_the_command_that_goes_on() -> None:
+    """After Ctrl-C of a config without run.name, nothing said which timestamped folder to
+    resume (and --resume without run.name is refused): the hint names it."""
+    from kgpipe.cli.main import build_parser
+    from kgpipe.cli.train import _resume_command
+    from kgpipe.config import load_config
+
+    good = str(REPO / "configs" / "umls-complex.yaml")
+    args = build_parser().parse_args(
+        ["train", "-c", good, "--set", "model.dim=16", "--set", "run.name=old", "--no-prefect"]
+    )
+    config = load_config(good, ["model.dim=16"]).with_run_name()
+    said = _resume_command(args, config)
+    assert said == (
+        f"kgpipe train -c {good} --set model.dim=16 --set run.name={config.run.name} "
+        "--no-prefect --resume"
+    )
+    assert config.run.name and config.run.name.startswith("complex-umls-")

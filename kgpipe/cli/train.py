@@ -7,11 +7,13 @@ import time
 from typing import TYPE_CHECKING
 
 from kgpipe.cli.orchestrators import NONE, load_orchestrator
+from kgpipe.cli.signals import Terminated
 from kgpipe.errors import ConfigError
 
 if TYPE_CHECKING:
     from rich.console import Console
 
+    from kgpipe.config import RunConfig
     from kgpipe.training.hooks import Callback
 
 NAME = "train"
@@ -68,6 +70,22 @@ def _orchestrator(args: argparse.Namespace) -> str:
     return who
 
 
+def _resume_command(args: argparse.Namespace, config: RunConfig) -> str:
+    """The command that continues this run: the same config and --set items, the run's name
+    (a timestamped one, where the config names none) and --resume."""
+    import shlex
+
+    sets = [s for s in args.set or [] if s.split("=", 1)[0].strip() != "run.name"]
+    words = ["kgpipe", "train", "-c", args.config]
+    for item in [*sets, f"run.name={config.run.name}"]:
+        words += ["--set", item]
+    if args.no_prefect:
+        words.append("--no-prefect")
+    elif args.orchestrator:
+        words += ["--orchestrator", args.orchestrator]
+    return shlex.join([*words, "--resume"])
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     # imported here, not above: `kgpipe --help` and usage errors do not wait for torch; and
     # the config is read before the pipeline (Dask, pyarrow, ...) is imported, so that a
@@ -80,6 +98,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     who = _orchestrator(args)
     if args.resume:
         config.check_resumable()
+    config = config.with_run_name()  # named here: an interrupted run says how to go on
 
     from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
     from kgpipe.pipeline import train
@@ -111,6 +130,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
                 # only when asked: an orchestrator written before `verbose` still runs
                 **({"verbose": True} if args.verbose else {}),
             )
+    except (KeyboardInterrupt, Terminated):
+        if progress is not None:
+            progress.close()
+            progress = None
+        said = f"to go on from its last checkpoint: {_resume_command(args, config)}"
+        console.print(escape(said), soft_wrap=True)
+        raise
     finally:
         if progress is not None:
             progress.close()
