@@ -125,16 +125,12 @@ def test_errors_name_the_closest_key_and_blame_the_set_value_not_the_file(
 def test_contradicting_flags_are_refused_before_any_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--resume` without run.name started a new timestamped run, and `-v` (Prefect's log
-    lines) was accepted and ignored without Prefect."""
+    """`--resume` without run.name started a new timestamped run."""
     good = str(REPO / "configs" / "umls-complex.yaml")
     root = ["--set", f"run.root={tmp_path}"]
     err = _train(["-c", good, *root, "--resume"], capsys)
     assert "this config names none (run.name is not set)" in err
     assert len(err.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
-    assert main(["train", "-c", good, *root, "--no-prefect", "-v"]) == 2
-    assert "drop one of them" in capsys.readouterr().err
-    assert not list(tmp_path.iterdir())
     from kgpipe.config import load_config
     from kgpipe.errors import ConfigError
     from kgpipe.pipeline import train

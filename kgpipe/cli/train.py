@@ -62,11 +62,6 @@ def _orchestrator(args: argparse.Namespace) -> str:
             f"--no-prefect and --orchestrator {args.orchestrator} contradict each other "
             f"(--no-prefect is --orchestrator {NONE})"
         )
-    if who == NONE and args.verbose:
-        raise ConfigError(
-            f"-v adds Prefect's own log lines, and --orchestrator {NONE} runs without "
-            "Prefect: drop one of them"
-        )
     return who
 
 
@@ -106,6 +101,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
     progress = None if args.quiet else TrainProgress(console)
     callbacks: list[Callback] = [] if progress is None else [progress]
     log = None if args.quiet else (lambda m: console.log(escape(m), highlight=False))
+    if args.verbose and who == NONE and log is not None:
+        log(f"(-v adds Prefect's log lines; --orchestrator {NONE} runs without Prefect)")
     t0 = time.perf_counter()
     try:
         if who == NONE:
