@@ -9,13 +9,12 @@ per side.
 
 On the CPU, against more entities than a block (:data:`BLOCK`, 8,192), a chunk of queries is
 scored one block of candidates at a time, and the better and equal candidates are counted per
-block. The target's score comes from a small product against the targets' rows. It is checked against its
-column in its block; where the two differ (another kernel, another rounding) that chunk and
-the rest are ranked against the whole matrix instead. Peak memory is
-about ``batch_size x BLOCK x 4`` bytes of scores (``batch_size x num_entities x 4`` on a
-fallback), whatever the size of the evaluation set. A GPU scores the whole matrix at once: the
-blocks are for the CPU's caches, and on an H100 they made the FB15k-237 test 2x slower (more,
-smaller kernels).
+block. The target's score, from a small product against the targets' rows, is checked against
+its column in its block; where the two differ (another kernel, another rounding) that chunk and
+the rest are ranked against the whole matrix instead. Peak memory is about
+``batch_size x BLOCK x 4`` bytes of scores (x num_entities on a fallback), whatever the size
+of the evaluation set. A GPU scores the whole matrix at once (on an H100
+blocks, meant for the CPU's caches, made the FB15k-237 test 2x slower: more, smaller kernels).
 
 A *sampled* mode ranks each query against ``k`` random entities instead of all; its numbers are
 not comparable to published results and are labelled ``"candidates": "sampled-k"``. The
@@ -134,8 +133,7 @@ def realistic_ranks(
     targets, filter_rows, filter_cols = targets.to(dev), filter_rows.to(dev), filter_cols.to(dev)
     rows = torch.arange(scores.shape[0], device=dev)
     true = scores[rows, targets].clone()
-    if bool(torch.isneginf(true).any()):
-        lift_neg_inf(scores, true)
+    lift_neg_inf(scores, true, when=true)
     scores[filter_rows, filter_cols] = float("-inf")
     scores[rows, targets] = float("-inf")
     col = true.unsqueeze(1)
@@ -264,9 +262,7 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
     b = chunk.shape[0]
     rows = torch.arange(b, device=dev)
     true = _scores(model, side, chunk, targets)[rows, rows]
-    lift = bool(torch.isneginf(true).any())  # an answer at -inf: every block lifted alike
-    if lift:
-        lift_neg_inf(true)
+    lift = lift_neg_inf(true, when=true)  # an answer at -inf: every block lifted alike
     col = true.unsqueeze(1)
     f_rows, f_cols = index.answers(side, anchors, chunk[:, 1])
     order = torch.argsort(f_cols)
@@ -278,8 +274,7 @@ def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex
     for k, lo in enumerate(range(0, n, BLOCK)):
         hi = min(lo + BLOCK, n)
         block = _scores(model, side, chunk, slice(lo, hi))
-        if lift:
-            lift_neg_inf(block)
+        lift_neg_inf(block, when=lift)
         here = (targets >= lo) & (targets < hi)
         mine, cols = rows[here], targets[here] - lo
         if not torch.equal(block[mine, cols], true[mine]):
@@ -370,8 +365,7 @@ def split_block_ranks(
     true = torch.zeros(block.shape[0], dtype=block.dtype, device=dev)
     true[mine] = block[mine, cols]  # the target's score, from the rank that has its entity
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
-    if bool(torch.isneginf(true).any()):  # the same on every rank (true is reduced)
-        lift_neg_inf(block, true)
+    lift_neg_inf(block, true, when=true)  # the same on every rank (true is reduced)
     if exclude is not None:  # columns that are not candidates (a sampled evaluation)
         block[:, exclude] = float("-inf")
     keep, f_pos = locate(f_cols)

@@ -199,21 +199,24 @@ def count_better(block: Tensor, true: Tensor) -> Tensor:
     return better
 
 
-def lift_neg_inf(*scores: Tensor) -> None:
-    """Raise every -inf in ``scores`` (in place) to the lowest finite value. For a ranking
-    whose answer scores -inf (a diverging model): that answer then ties with the candidates
-    at -inf and ranks above the masked columns, which hold -inf (they counted as its ties).
-    Applied before masking, to the answers' scores and every block they are ranked in."""
-    for t in scores:
+def lift_neg_inf(*scores: Tensor, when: Tensor | bool) -> bool:
+    """Where an answer scores -inf (``when``: the answers' scores, or whether one did; a
+    diverging model), raise every -inf in ``scores`` (in place) to the lowest finite value and
+    return True: that answer then ties with the candidates at -inf and ranks above the masked
+    columns, which hold -inf (they counted as its ties). Applied before masking, to the
+    answers' scores and every block they are ranked in."""
+    if isinstance(when, Tensor):
+        when = bool(torch.isneginf(when).any())
+    for t in scores if when else ():
         t.clamp_(min=torch.finfo(t.dtype).min)  # NaN stays NaN
+    return when
 
 
 def count_ranks(scores: Tensor, excluded: Tensor) -> tuple[Tensor, Tensor]:
     """Better and equal candidates per query: ``scores`` ``(b, 1 + k)`` holds the answer's
     score in column 0; ``excluded`` ``(b, k)`` marks candidates that do not count."""
     if bool(torch.isneginf(scores[:, 0]).any()):  # an answer at -inf (see lift_neg_inf)
-        scores = scores.clone()
-        lift_neg_inf(scores)
+        lift_neg_inf(scores := scores.clone(), when=True)
     true = scores[:, :1]
     others = scores[:, 1:].masked_fill(excluded.to(scores.device), float("-inf"))
     return count_better(others, true), (others == true).sum(1)

@@ -52,6 +52,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.data",
             "kgpipe.data.io",
             "kgpipe.data.columnar",
+            "kgpipe.data.line_scan",
             "kgpipe.data.dedup",
             "kgpipe.data.split",
             "kgpipe.data.synth",

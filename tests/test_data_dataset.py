@@ -458,10 +458,21 @@ def test_benchmark_checksum_mismatch(tmp_path: Path) -> None:
     assert err.problem.endswith("the file is not the published nations train split")
 
 
-def test_benchmark_missing_under_root(tmp_path: Path) -> None:
+def test_benchmark_missing_under_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shipped benchmark configs read ../shared/datasets: a new user elsewhere got "file
+    not found" and no word of where the data comes from, or what the relative path meant."""
     with pytest.raises(DataError) as info:
         load_dataset(DataConfig(dataset="kinship", root=str(tmp_path)))
-    assert str(info.value) == f"{tmp_path}/kinship/train.txt: file not found"
+    said = str(info.value)
+    assert said.startswith(f"{tmp_path}/kinship/train.txt: file not found: data.dataset kinship")
+    assert "kgpipe bundles only umls" in said and "set data.root to the folder above" in said
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError) as info:
+        load_dataset(DataConfig(dataset="kinship", root="../data"))
+    absolute = tmp_path.parent / "data" / "kinship" / "train.txt"
+    assert f"file not found ({absolute}: relative paths are read from the current" in str(
+        info.value
+    )
 
 
 def test_fb15k237() -> None:

@@ -19,7 +19,7 @@ The rules are the line parser's: ``#`` lines (counted where they hold three fiel
 warning), empty and whitespace-only lines are skipped, a leading BOM is dropped, CRLF and LF end
 lines, fields are taken as they are. A line it would not take as the line parser does (a wrong
 field count, a wrong label, invalid UTF-8, a lone carriage return) stops it:
-:func:`kgpipe.data.reading.locate_problem` reads the file once more, a line at a time, and raises
+:func:`kgpipe.data.line_scan.locate_problem` reads the file once more, a line at a time, and raises
 the line parser's error with its line; a line longer than a block is read again in larger
 blocks. Files that change between reads are refused; Zstandard files go to the line parser.
 """

@@ -11,6 +11,7 @@ import bz2
 import contextlib
 import gzip
 import lzma
+import os
 import zlib
 from collections.abc import Callable, Iterator
 from typing import IO, Any
@@ -28,6 +29,7 @@ __all__ = [
     "read_bytes",
     "reading_errors",
     "split_compression",
+    "where_relative",
 ]
 
 #: File-name suffix (lower case) -> compression name.
@@ -121,6 +123,14 @@ class Fallback(Exception):
     (:mod:`kgpipe.data.columnar`): read it with the line parser."""
 
 
+def where_relative(url: str) -> str:
+    """For a relative local path: the full path it names (paths in a config are read from the
+    current directory, not the config file's folder)."""
+    if "://" in url or os.path.isabs(url):
+        return ""
+    return f" ({os.path.abspath(url)}: relative paths are read from the current directory)"
+
+
 @contextlib.contextmanager
 def reading_errors(url: str) -> Iterator[None]:
     """Faults of reading ``url`` as :class:`~kgpipe.errors.DataError` (missing, unreadable, denied);
@@ -133,7 +143,7 @@ def reading_errors(url: str) -> Iterator[None]:
     except (StorageError, DataError, Fallback):  # unreachable after the retries: maybe later
         raise
     except FileNotFoundError:
-        raise DataError(url, "file not found") from None
+        raise DataError(url, f"file not found{where_relative(url)}") from None
     except IsADirectoryError:
         raise DataError(url, "cannot read: it is a directory, not a file") from None
     except OSError as err:

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import logging
-from collections.abc import Callable, Iterator
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kgpipe.config import DataConfig
-from kgpipe.data.benchmarks import BENCHMARKS, SPLITS, canonical_benchmark_name, resolve_benchmark
+from kgpipe.data.benchmarks import (
+    BENCHMARKS,
+    BUNDLED,
+    SPLITS,
+    canonical_benchmark_name,
+    resolve_benchmark,
+)
 from kgpipe.data.columnar import (
     FileScan,
     columnar_ids,
@@ -26,14 +32,17 @@ from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
 from kgpipe.data.formats.text import (
-    ROLES,
     comment_warning,
-    describe_delimiter,
-    field_problem,
-    skipped_line,
 )
-from kgpipe.data.io import Fallback, opened, read_bytes, reading_errors, split_compression
+from kgpipe.data.io import (
+    Fallback,
+    read_bytes,
+    reading_errors,
+    split_compression,
+    where_relative,
+)
 from kgpipe.data.labels import Labels
+from kgpipe.data.line_scan import locate_problem, row_line
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
@@ -60,6 +69,22 @@ def sources(cfg: DataConfig) -> list[Source]:
     if cfg.dataset is not None:
         name = canonical_benchmark_name(cfg.dataset)
         urls = resolve_benchmark(name, cfg.root)
+        train_url = urls["train"]
+        local = "://" not in train_url or train_url.startswith("file://")
+        if (
+            cfg.root is not None
+            and cfg.train is None
+            and local
+            and not os.path.exists(train_url.removeprefix("file://"))
+        ):
+            raise DataError(
+                train_url,
+                f"file not found{where_relative(train_url)}: data.dataset {name} is read from "
+                f"data.root ({cfg.root}) as {name}/train.txt, valid.txt and test.txt; kgpipe "
+                f"bundles only {', '.join(sorted(BUNDLED))}: get the published split's three "
+                "files (their checksums are checked) and set data.root to the folder above "
+                f"{name}/",
+            )
     for split in SPLITS:
         override: str | None = getattr(cfg, split)
         if override is not None:
@@ -336,76 +361,3 @@ def _read_lines(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
         where=where,
         reader="lines",
     )
-
-
-def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes]]:
-    """``(number, bytes)`` of every line, without its LF and one CR before it."""
-    with opened(url, storage_options) as f:
-        for number, raw in enumerate(f, 1):
-            line = raw[:-1] if raw.endswith(b"\n") else raw
-            yield number, (line[:-1] if line.endswith(b"\r") else line)
-
-
-def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: str) -> int:
-    """Raise the line parser's error for a file without a header row, read a line at a time:
-    invalid UTF-8 first, then a wrong field count, then a wrong label (empty, blank, holding a
-    carriage return: the order the line parser finds them in). When the file has none of them,
-    returns the bytes of its longest line."""
-    described = describe_delimiter(delimiter, "tsv")
-    fields: DataError | None = None
-    label: DataError | None = None
-    longest = 0
-    decoder = codecs.getincrementaldecoder("utf-8")
-    for number, raw in _lines(url, storage_options):
-        longest = max(longest, len(raw))
-        try:
-            line = decoder().decode(raw, final=True)
-        except UnicodeDecodeError as err:
-            raise DataError(
-                url,
-                f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})",
-                line=number,
-                excerpt=raw.decode("utf-8", errors="replace"),
-            ) from None
-        if number == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        if fields is not None or skipped_line(line, delimiter):
-            continue
-        parts = line.split(delimiter)
-        if len(parts) != 3:
-            fields = DataError(
-                url, f"expected 3 {described} fields, found {len(parts)}", line=number, excerpt=line
-            )
-            continue
-        if label is None:
-            for role, value in zip(ROLES, parts, strict=True):
-                problem = field_problem(value, role, plain_lines=True)
-                if problem is not None:
-                    label = DataError(url, problem, line=number, excerpt=line)
-                    break
-    if fields is not None:
-        raise fields
-    if label is not None:
-        raise label
-    return longest
-
-
-def row_line(
-    url: str, storage_options: dict[str, Any] | None, delimiter: str, row: int, header: bool
-) -> tuple[int | None, str | None]:
-    """The line number and the tab-joined fields of triple ``row`` (0-based, in file order) of a
-    file the fast reader took, for an error message."""
-    skip = header
-    for number, raw in _lines(url, storage_options):
-        line = raw.decode("utf-8", errors="replace")
-        if number == 1 and line.startswith("\ufeff"):
-            line = line[1:]
-        if skipped_line(line, delimiter):  # as the fast reader skips them
-            continue
-        if skip:
-            skip = False
-            continue
-        if row == 0:
-            return number, "\t".join(line.split(delimiter))
-        row -= 1
-    return None, None

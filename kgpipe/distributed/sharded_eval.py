@@ -153,9 +153,7 @@ def _blocked_ranks(
         small = _scores(model, side, rows, rd, model.entity[tcols]).float()
         true[mine] = small[mine, torch.arange(mine.numel(), device=dev)]
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
-    lift = bool(torch.isneginf(true).any())  # an answer at -inf: every block lifted alike
-    if lift:
-        lift_neg_inf(true)
+    lift = lift_neg_inf(true, when=true)  # an answer at -inf: every block lifted alike
     col = true.unsqueeze(1)
     keep, f_pos = locate(f_cols)
     f_rows, f_pos = f_rows[keep], f_pos[keep]
@@ -168,8 +166,7 @@ def _blocked_ranks(
     for k, lo in enumerate(range(0, n, BLOCK)):
         hi = min(lo + BLOCK, n)
         block = _scores(model, side, rows, rd, model.entity[lo:hi]).float()
-        if lift:
-            lift_neg_inf(block)
+        lift_neg_inf(block, when=lift)
         here = (tcols >= lo) & (tcols < hi)
         m_rows, m_cols = mine[here], tcols[here] - lo
         if not torch.equal(block[m_rows, m_cols], true[m_rows]):

@@ -1,0 +1,88 @@
+"""The line scans behind the columnar reader's errors: a file read again a line at a time, in
+constant memory, for the line parser's own error with its line number
+(:func:`locate_problem`), or for the line of one triple (:func:`row_line`)."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterator
+from typing import Any
+
+from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, skipped_line
+from kgpipe.data.io import opened
+from kgpipe.errors import DataError
+
+__all__ = ["locate_problem", "row_line"]
+
+
+def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes]]:
+    """``(number, bytes)`` of every line, without its LF and one CR before it."""
+    with opened(url, storage_options) as f:
+        for number, raw in enumerate(f, 1):
+            line = raw[:-1] if raw.endswith(b"\n") else raw
+            yield number, (line[:-1] if line.endswith(b"\r") else line)
+
+
+def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: str) -> int:
+    """Raise the line parser's error for a file without a header row, read a line at a time:
+    invalid UTF-8 first, then a wrong field count, then a wrong label (empty, blank, holding a
+    carriage return: the order the line parser finds them in). When the file has none of them,
+    returns the bytes of its longest line."""
+    described = describe_delimiter(delimiter, "tsv")
+    fields: DataError | None = None
+    label: DataError | None = None
+    longest = 0
+    decoder = codecs.getincrementaldecoder("utf-8")
+    for number, raw in _lines(url, storage_options):
+        longest = max(longest, len(raw))
+        try:
+            line = decoder().decode(raw, final=True)
+        except UnicodeDecodeError as err:
+            raise DataError(
+                url,
+                f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})",
+                line=number,
+                excerpt=raw.decode("utf-8", errors="replace"),
+            ) from None
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        if fields is not None or skipped_line(line, delimiter):
+            continue
+        parts = line.split(delimiter)
+        if len(parts) != 3:
+            fields = DataError(
+                url, f"expected 3 {described} fields, found {len(parts)}", line=number, excerpt=line
+            )
+            continue
+        if label is None:
+            for role, value in zip(ROLES, parts, strict=True):
+                problem = field_problem(value, role, plain_lines=True)
+                if problem is not None:
+                    label = DataError(url, problem, line=number, excerpt=line)
+                    break
+    if fields is not None:
+        raise fields
+    if label is not None:
+        raise label
+    return longest
+
+
+def row_line(
+    url: str, storage_options: dict[str, Any] | None, delimiter: str, row: int, header: bool
+) -> tuple[int | None, str | None]:
+    """The line number and the tab-joined fields of triple ``row`` (0-based, in file order) of a
+    file the fast reader took, for an error message."""
+    skip = header
+    for number, raw in _lines(url, storage_options):
+        line = raw.decode("utf-8", errors="replace")
+        if number == 1 and line.startswith("\ufeff"):
+            line = line[1:]
+        if skipped_line(line, delimiter):  # as the fast reader skips them
+            continue
+        if skip:
+            skip = False
+            continue
+        if row == 0:
+            return number, "\t".join(line.split(delimiter))
+        row -= 1
+    return None, None
