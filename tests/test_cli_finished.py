@@ -152,7 +152,7 @@ def test_labels_that_look_like_rich_markup_are_printed_as_they_are(
                  ["predict", str(run), "--head", "Queen [band]", "--relation", "r [2]",
                   "--top", "30"]):  # fmt: skip
         code, out, err = _run(argv, capsys)
-        shown = out + err  # the table is on stderr
+        shown = out  # the table is on stdout (a result: `> file`, `| grep`)
         assert code == 0 and "Traceback" not in err, err
         assert "x[/y]" in shown and "Queen [band]" in shown and "[bold]loud" in shown, shown
 
@@ -309,5 +309,5 @@ def test_neighbours_cli(umls_run: Path, capsys: pytest.CaptureFixture[str]) -> N
         ["neighbours", str(umls_run), "--entity", ents[5], "--metric", "model", "--json"], capsys
     )
     assert code == 0 and len(json.loads(out)) == 10 and "dot" in json.loads(out)[0], err
-    code, _, err = _run(["neighbours", str(umls_run), "--entity", ents[5]], capsys)
-    assert code == 0 and f"neighbours of {ents[5]}" in err and "cosine: higher" in err
+    code, out, err = _run(["neighbours", str(umls_run), "--entity", ents[5]], capsys)
+    assert code == 0 and f"neighbours of {ents[5]}" in out and "cosine: higher" in out, err

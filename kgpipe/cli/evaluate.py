@@ -43,7 +43,7 @@ def _candidates(text: str) -> int | Literal["all"]:
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
-    from kgpipe.cli.output import EvalProgress, print_metrics, ranking_word
+    from kgpipe.cli.output import EvalProgress, print_metrics, ranking_word, result_console
     from kgpipe.process import ThreadGovernor, configure
     from kgpipe.runs.read import evaluate_run
 
@@ -74,6 +74,6 @@ def run(args: argparse.Namespace, console: Console) -> int:
             else ""
         )
         title = f"{args.split} ({results['triples']} triples, {ranking_word(results)}{model})"
-        print_metrics(console, results, title)
+        print_metrics(result_console(), results, title)
         console.print(f"{results['seconds']:.2f} s")
     return 0

@@ -38,6 +38,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from kgpipe.cli.output import result_console
     from kgpipe.runs.neighbours import nearest_entities
     from kgpipe.runs.read import load_run
 
@@ -64,5 +65,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
     table.add_column(found.measure, justify="right")
     for row in rows:
         table.add_row(str(row["rank"]), escape(str(row["entity"])), f"{row[key]:.4f}")
-    console.print(table)
+    result_console().print(table)
     return 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -19,7 +20,16 @@ from rich.table import Table
 from kgpipe.training.hooks import Callback, TrainerView
 from kgpipe.training.records import EpochStats
 
-__all__ = ["EvalProgress", "TrainProgress", "print_metrics", "ranking_word"]
+__all__ = ["EvalProgress", "TrainProgress", "print_metrics", "ranking_word", "result_console"]
+
+
+def result_console() -> Console:
+    """Where a command's result (a table) goes: stdout, so that ``> file`` and ``| grep`` get
+    it; progress, log lines and errors stay on stderr."""
+    out = Console()
+    if not out.is_terminal and "COLUMNS" not in os.environ:
+        out.width = 160  # a file or a pipe: a table's rows as they are, not wrapped at 80
+    return out
 
 
 class TrainProgress(Callback):

@@ -40,6 +40,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from kgpipe.cli.output import result_console
     from kgpipe.data.vocab import Vocabulary
     from kgpipe.export_shards import ShardedEmbeddings
     from kgpipe.runs.folder import EMBEDDINGS, VOCAB
@@ -114,5 +115,5 @@ def run(args: argparse.Namespace, console: Console) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        console.print(table)
+        result_console().print(table)
     return 0
