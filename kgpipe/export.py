@@ -28,6 +28,7 @@ from kgpipe.storage import RetryPolicy, Store
 
 __all__ = [
     "ENTITY_PARTS",
+    "NO_MODEL",
     "clear_export",
     "export_embeddings",
     "load_model",
@@ -38,6 +39,11 @@ __all__ = [
 ]
 
 MODEL_FILE = "model.safetensors"
+#: what a run without its model file says (training was stopped, or is still going)
+NO_MODEL = (
+    "no model file: the run has not finished (go on with kgpipe train ... --resume; "
+    "`kgpipe evaluate` and `kgpipe export` read a committed checkpoint with --checkpoint latest)"
+)
 
 
 def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
@@ -58,7 +64,7 @@ def save_model(model: KGEModel, store: Store, rel: str = MODEL_FILE) -> None:
 def load_model(store: Store, rel: str = MODEL_FILE) -> KGEModel:
     """Read a model written by :func:`save_model`."""
     if not store.exists(rel):
-        raise RunError(f"{store.url_of(rel)}: no model file (did training finish?)")
+        raise RunError(f"{store.url_of(rel)}: {NO_MODEL}")
     with store.local_copy(rel) as path:  # read straight into the tables: no copy in bytes
         try:
             with safe_open(path, framework="pt") as f:

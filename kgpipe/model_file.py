@@ -30,7 +30,7 @@ from torch import Tensor
 
 from kgpipe.checkpoint import Checkpoint, CheckpointStore
 from kgpipe.errors import CheckpointError, RunError
-from kgpipe.export import MODEL_FILE
+from kgpipe.export import MODEL_FILE, NO_MODEL
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.models.model import KGEModel
 from kgpipe.models.spec import ModelSpec
@@ -221,6 +221,6 @@ def map_stored(store: Store, rel: str = MODEL_FILE) -> KGEModel:
     download to the system's temp folder, whose name is removed once mapped: see
     :func:`map_checkpoint` on a tmpfs ``TMPDIR``)."""
     if not store.exists(rel):
-        raise RunError(f"{store.url_of(rel)}: no model file (did training finish?)")
+        raise RunError(f"{store.url_of(rel)}: {NO_MODEL}")
     with store.local_copy(rel) as path:
         return map_model(path, store.url_of(rel))
