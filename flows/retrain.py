@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
 from flows.train import flow_config, train_kge
-from kgpipe.config import RunConfig, config_hash
+from kgpipe.config import RunConfig, config_hash, config_hashes
 from tasks.retrain import find_previous, fingerprint_source, record_latest, warm_start_problem
 
 
@@ -29,7 +29,8 @@ def retrain_kge(
     fingerprint = fingerprint_source(config)
     previous = find_previous(config, series)
     recipe = config_hash(config)  # a series whose config changed retrains (records before: not)
-    same_recipe = previous is not None and previous.get("config_hash") in (None, recipe)
+    known = (None, *config_hashes(config))  # (a record of an older kgpipe's hash: the same)
+    same_recipe = previous is not None and previous.get("config_hash") in known
     if previous and previous["fingerprint"] == fingerprint and same_recipe and not force:
         logger.info("no change in the source graph since %s; nothing to train", previous["run"])
         return Completed(message="no change", data={"run": previous["run"], "changed": False})

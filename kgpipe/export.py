@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -41,8 +42,8 @@ __all__ = [
 MODEL_FILE = "model.safetensors"
 #: what a run without its model file says (training was stopped, or is still going)
 NO_MODEL = (
-    "no model file: the run has not finished (go on with kgpipe train ... --resume; "
-    "`kgpipe evaluate` and `kgpipe export` read a committed checkpoint with --checkpoint latest)"
+    "no model file: the run has not finished (go on with kgpipe train ... --resume; evaluate, "
+    "export, predict and neighbours read a committed checkpoint with --checkpoint latest)"
 )
 
 
@@ -97,10 +98,20 @@ ENTITY_PARTS = "entities"  # a sharded export's entity parts (:mod:`kgpipe.expor
 
 def clear_export(store: Store) -> None:
     """Remove an earlier export under ``store`` (``model.json`` first, so a reader never
-    sees it with files of another export); leaves files of any other name alone."""
+    sees it with files of another export). Only where a kgpipe ``model.json`` says there is
+    one, and only an export's own files: a folder of the user's keeps whatever else it holds."""
+    try:  # a kgpipe export's model.json (model_info): else not ours to clear
+        info = json.loads(store.read_text("model.json")) if store.exists("model.json") else {}
+    except (ValueError, UnicodeDecodeError):
+        info = {}
+    if not (isinstance(info, dict) and {"model", "scoring"} <= info.keys()):
+        return
     for name in ("model.json", *EXPORT_FILES):
         store.remove(name, recursive=False)
-    store.remove(ENTITY_PARTS, recursive=True)
+    for name in store.list(ENTITY_PARTS):
+        if re.fullmatch(r"part-\d+\.parquet", name):
+            store.remove(f"{ENTITY_PARTS}/{name}", recursive=False)
+    store.remove_empty_folders([ENTITY_PARTS])
 
 
 def relation_labels(vocab: Vocabulary, spec: ModelSpec) -> list[str]:

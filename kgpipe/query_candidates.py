@@ -53,6 +53,7 @@ __all__ = [
     "lift_neg_inf",
     "pair_scores",
     "ranks",
+    "same_scores",
 ]
 
 #: triples of a split per generator stream (the draws do not depend on the batch size); a
@@ -200,22 +201,30 @@ def count_better(block: Tensor, true: Tensor) -> Tensor:
 
 
 def lift_neg_inf(*scores: Tensor, when: Tensor | bool) -> bool:
-    """Where an answer scores -inf (``when``: the answers' scores, or whether one did; a
-    diverging model), raise every -inf in ``scores`` (in place) to the lowest finite value and
-    return True: that answer then ties with the candidates at -inf and ranks above the masked
-    columns, which hold -inf (they counted as its ties). Applied before masking, to the
-    answers' scores and every block they are ranked in."""
+    """Where an answer scores -inf or NaN (``when``: the answers' scores, or whether one did;
+    a diverging model), raise every -inf in ``scores`` (in place) to the lowest finite value
+    and return True: an answer at -inf then ties with the candidates at -inf and ranks above
+    the masked columns, which hold -inf (they counted as its ties), and a NaN answer ranks
+    below them (as below every candidate), whatever else its batch holds. Applied before
+    masking, to the answers' scores and every block they are ranked in."""
     if isinstance(when, Tensor):
-        when = bool(torch.isneginf(when).any())
+        when = bool((torch.isneginf(when) | torch.isnan(when)).any())
     for t in scores if when else ():
         t.clamp_(min=torch.finfo(t.dtype).min)  # NaN stays NaN
     return when
 
 
+def same_scores(a: Tensor, b: Tensor) -> bool:
+    """Whether ``a`` and ``b`` hold the same scores exactly, NaN as NaN (``torch.equal`` says
+    a NaN answer differs from itself, which sent its whole evaluation to the slower path)."""
+    return torch.allclose(a, b, rtol=0.0, atol=0.0, equal_nan=True)
+
+
 def count_ranks(scores: Tensor, excluded: Tensor) -> tuple[Tensor, Tensor]:
     """Better and equal candidates per query: ``scores`` ``(b, 1 + k)`` holds the answer's
     score in column 0; ``excluded`` ``(b, k)`` marks candidates that do not count."""
-    if bool(torch.isneginf(scores[:, 0]).any()):  # an answer at -inf (see lift_neg_inf)
+    answers = scores[:, 0]
+    if bool((torch.isneginf(answers) | torch.isnan(answers)).any()):  # (see lift_neg_inf)
         lift_neg_inf(scores := scores.clone(), when=True)
     true = scores[:, :1]
     others = scores[:, 1:].masked_fill(excluded.to(scores.device), float("-inf"))

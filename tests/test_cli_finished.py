@@ -311,3 +311,29 @@ def test_neighbours_cli(umls_run: Path, capsys: pytest.CaptureFixture[str]) -> N
     assert code == 0 and len(json.loads(out)) == 10 and "dot" in json.loads(out)[0], err
     code, out, err = _run(["neighbours", str(umls_run), "--entity", ents[5]], capsys)
     assert code == 0 and f"neighbours of {ents[5]}" in out and "cosine: higher" in out, err
+
+
+def test_predict_and_neighbours_read_a_committed_checkpoint(
+    umls_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An interrupted run has no model file: predict and neighbours could not read it (only
+    evaluate and export took --checkpoint); they take it now, and the message says so."""
+    import shutil
+
+    ents, rels = _labels(umls_run, "entities"), _labels(umls_run, "relations")
+    query = ["--head", ents[3], "--relation", rels[1], "--top", "5", "--json"]
+    code, final, err = _run(["predict", str(umls_run), *query], capsys)
+    assert code == 0, err
+    stopped = tmp_path / "stopped"
+    shutil.copytree(umls_run, stopped)
+    (stopped / "model.safetensors").unlink()
+    code, _, err = _run(["predict", str(stopped), *query], capsys)
+    assert code == 2 and "--checkpoint latest" in err, err
+    code, latest, err = _run(["predict", str(stopped), *query, "--checkpoint", "latest"], capsys)
+    assert code == 0, err
+    got, want = json.loads(latest), json.loads(final)  # the last epoch's model (read mapped:
+    assert [g["tail"] for g in got] == [w["tail"] for w in want]  # its product may round
+    assert [g["score"] for g in got] == pytest.approx([w["score"] for w in want], rel=1e-6)
+    code, out, err = _run(["neighbours", str(stopped), "--entity", ents[3], "--json",
+                           "--checkpoint", "3"], capsys)  # fmt: skip
+    assert code == 0 and len(json.loads(out)) == 10, err

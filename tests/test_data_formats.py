@@ -489,11 +489,13 @@ def test_ntriples_one_term_is_one_label_however_it_is_escaped() -> None:
 <http://ex.org/b> <http://ex.org/p> "say \"hi\"\n\u0041\t" .
 <http://ex.org/b> <http://ex.org/p> "x"^^<http://www.w3.org/2001/XMLSchema#string> .
 <http://ex.org/b> <http://ex.org/p> "x" .
+<http://ex.org/\uD83D\uDE00> <http://ex.org/p> <http://ex.org/\U0001F600> .
 """.encode()
     lt = parse(nt, fmt="ntriples", literals="keep")
-    assert set(lt.heads) == {"http://ex.org/Café", "http://ex.org/b"}
+    assert set(lt.heads) == {"http://ex.org/Café", "http://ex.org/b", "http://ex.org/😀"}
     assert lt.tails == ["http://ex.org/b", '"café"@en', '"café"@en', '"say \\"hi\\"\\nA\t"',
-                        '"x"', '"x"']  # fmt: skip
+                        '"x"', '"x"', "http://ex.org/😀"]  # fmt: skip
+    assert lt.heads[-1] == "http://ex.org/😀"  # a UTF-16 pair, escaped half by half
 
 
 @pytest.mark.parametrize(
@@ -502,6 +504,7 @@ def test_ntriples_one_term_is_one_label_however_it_is_escaped() -> None:
         (rb'<http://a> <http://p> "x\q" .', "invalid escape '\\\\q'"),
         (rb"<http://a\u0020b> <http://p> <http://c> .", "an escape in an IRI stands for"),
         (b"<> <http://p> <http://c> .", "an empty IRI <>"),
+        (rb"<http://a\uD83D> <http://p> <http://c> .", "an escape of half a UTF-16 pair"),
     ],
 )
 def test_ntriples_bad_escapes_and_empty_iris_are_refused(line: bytes, problem: str) -> None:

@@ -491,6 +491,7 @@ def test_an_answer_scoring_minus_infinity_ties_only_with_candidates(
     rows = torch.arange(8)
     scores[rows[:5], chunk[:5, 2]] = -inf  # five answers at -inf
     scores[6, 0] = nan
+    scores[7, chunk[7, 2]] = nan  # a NaN answer: below every candidate, -inf ones included
     index = FilterIndex.from_triples([known], nr)
     f_rows, f_cols = index.answers("tail", chunk[:, 0], chunk[:, 1])
     expected = []
@@ -499,10 +500,14 @@ def test_an_answer_scoring_minus_infinity_ties_only_with_candidates(
         out = {int(c) for r, c in zip(f_rows.tolist(), f_cols.tolist(), strict=True) if r == i}
         others = [float(scores[i, j]) for j in range(ne) if j != t and j not in out]
         true = float(scores[i, t])
-        better = sum(x > true or math.isnan(x) for x in others)
+        better = sum(x > true or math.isnan(x) or math.isnan(true) for x in others)
         expected.append(1 + better + sum(x == true for x in others) / 2)
     if block is None:
         got = realistic_ranks(scores.clone(), chunk[:, 2], f_rows, f_cols)
+        # the NaN answer's rank does not depend on a -inf answer in its batch
+        late = f_rows >= 5
+        alone = realistic_ranks(scores[5:].clone(), chunk[5:, 2], f_rows[late] - 5, f_cols[late])
+        assert alone.tolist() == expected[5:]
     else:
         monkeypatch.setattr(ev, "BLOCK", block)
         monkeypatch.setattr(ev, "_scores", lambda m, side, c, cand: scores[:, cand].clone())

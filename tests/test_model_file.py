@@ -244,3 +244,28 @@ def test_an_embedding_table_past_2_31_floats_is_written_in_chunks_of_one_column(
     assert chunked.column("embedding").to_pylist() == emb.tolist()
     empty = export.table_parquet(np.arange(0), [], emb[:0], {})
     assert pq.ParquetFile(io.BytesIO(empty)).read().num_rows == 0
+
+
+def test_an_export_replaces_an_earlier_export_and_nothing_of_the_users(tmp_path: Path) -> None:
+    """An export removes what an earlier export of another format or layout left (read with
+    the new one, it gave stale rows), and only that: in a folder without an export, or next
+    to one, the user's own files of the same names stay."""
+    from kgpipe.data.vocab import Vocabulary
+    from kgpipe.export import export_embeddings
+
+    spec = ModelSpec(name="distmult", dim=4, num_entities=3, num_relations=1)
+    model, vocab = KGEModel(spec), Vocabulary(entities=("a", "b", "c"), relations=("r",))
+    mine = tmp_path / "mine"
+    (mine / "entities").mkdir(parents=True)
+    (mine / "entities.tsv").write_text("the user's own\n")
+    (mine / "entities" / "notes.txt").write_text("the user's own\n")
+    (mine / "model.json").write_text('{"name": "the user\'s own"}')
+    export_embeddings(model, vocab, str(mine), fmt="parquet")  # no earlier export: all stay
+    assert (mine / "entities.tsv").read_text() == "the user's own\n"
+    export_embeddings(model, vocab, str(mine), fmt="npy")
+    (mine / "entities" / "part-000003.parquet").write_bytes(b"an earlier sharded export's")
+    export_embeddings(model, vocab, str(mine), fmt="parquet")
+    assert not (mine / "entities.npy").exists() and not (mine / "entities.tsv").exists()
+    assert not (mine / "entities" / "part-000003.parquet").exists()
+    assert (mine / "entities" / "notes.txt").read_text() == "the user's own\n"
+    assert (mine / "entities.parquet").exists() and (mine / "model.json").exists()

@@ -208,6 +208,13 @@ def test_sampling_is_part_of_what_early_stopping_compares(tmp_path: Path) -> Non
     assert config_hash(cfg(sampled=10)) == config_hash(cfg())
     assert config_hash(cfg(patience=2, sampled=10)) != config_hash(cfg(patience=2))
     assert config_hash(cfg(patience=2, sampled=10)) != config_hash(cfg(patience=2, sampled=5))
+    # a retrain series recorded by an older kgpipe (the hash of c3ee4df) is the same recipe
+    from kgpipe.config import config_hashes
+
+    old = "bc668d8ead534ecf4fdbfb94465fc2a89efe3ec934952c3f6801c241610c32c6"
+    assert old in config_hashes(cfg(patience=2, sampled=10)) and old != config_hash(
+        cfg(patience=2, sampled=10)
+    )
     base = {"run": {"root": str(tmp_path), "name": "s"}, "data": {"dataset": "umls"},
             "model": {"name": "distmult", "dim": 8}, "training": {"epochs": 1}}  # fmt: skip
     evaluation = {"every": 1, "patience": 2, "test": False}

@@ -343,7 +343,10 @@ def test_a_base_that_does_not_validate_validates_at_most_five_times_a_trial(
 
 def test_failing_trial_comes_back_as_data(tmp_path: Path) -> None:
     """A trial whose run cannot start is a failed outcome with its error, never an exception."""
-    config = base_config(data={"dataset": None, "train": str(tmp_path / "missing.tsv")})
+    config = base_config(  # a trial's run is named by its study (the trial's folder)
+        data={"dataset": None, "train": str(tmp_path / "missing.tsv")},
+        run={"root": str(tmp_path), "name": "trial-0"},
+    )
     out = run_trial(
         TrialSpec(0, 0, config.model_dump(mode="json"), "s", f"sqlite:///{tmp_path}/x.db")
     )

@@ -6,7 +6,15 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from kgpipe.cli.arguments import PREFIX_HELP, positive_int, prefix, storage_errors, url
+from kgpipe.cli.arguments import (
+    CHECKPOINT_HELP,
+    PREFIX_HELP,
+    checkpoint,
+    positive_int,
+    prefix,
+    storage_errors,
+    url,
+)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -31,6 +39,7 @@ def add_arguments(n: argparse.ArgumentParser) -> None:
     n.add_argument(
         "--prefix", type=prefix, action="append", default=[], metavar="NAME=NS", help=PREFIX_HELP
     )
+    n.add_argument("--checkpoint", type=checkpoint, metavar="best|latest|N", help=CHECKPOINT_HELP)
     n.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -43,7 +52,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from kgpipe.runs.read import load_run
 
     with storage_errors(args.run, "read the run"):
-        loaded = load_run(args.run)
+        loaded = load_run(args.run, checkpoint=args.checkpoint)
     vocab = loaded.vocab
     entity = vocab.find_entity(args.entity, dict(args.prefix))
     found = nearest_entities(loaded.model, entity, args.top, measure=args.metric)

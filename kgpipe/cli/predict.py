@@ -6,12 +6,22 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from kgpipe.cli.arguments import PREFIX_HELP, positive_int, prefix, storage_errors, url
+from kgpipe.cli.arguments import (
+    CHECKPOINT_HELP,
+    PREFIX_HELP,
+    checkpoint,
+    positive_int,
+    prefix,
+    storage_errors,
+    url,
+)
 from kgpipe.errors import KgpipeError
 
 if TYPE_CHECKING:
     import torch
     from rich.console import Console
+
+    from kgpipe.models.model import KGEModel
 
 NAME = "predict"
 HELP = "top-scored tails (--head) or heads (--tail)"
@@ -32,6 +42,7 @@ def add_arguments(q: argparse.ArgumentParser) -> None:
     q.add_argument(
         "--prefix", type=prefix, action="append", default=[], metavar="NAME=NS", help=PREFIX_HELP
     )
+    q.add_argument("--checkpoint", type=checkpoint, metavar="best|latest|N", help=CHECKPOINT_HELP)
     q.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -44,7 +55,13 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from kgpipe.data.vocab import Vocabulary
     from kgpipe.export_shards import ShardedEmbeddings
     from kgpipe.runs.folder import EMBEDDINGS, VOCAB
-    from kgpipe.runs.read import check_not_trimmed, final_model, known_triples, open_run
+    from kgpipe.runs.read import (
+        check_not_trimmed,
+        final_model,
+        known_triples,
+        load_run,
+        open_run,
+    )
 
     if (args.head is None) == (args.tail is None):
         raise KgpipeError(
@@ -54,9 +71,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
         store, config = open_run(args.run)
         check_not_trimmed(store)
         vocab = Vocabulary.read(store.url_of(VOCAB))
-        # a sharded run's export is read part by part; others read the model file
-        sharded = ShardedEmbeddings.open(store.url_of(EMBEDDINGS))
-        model = None if sharded is not None else final_model(store, config)
+        # a sharded run's export is read part by part; others read the model file, or the
+        # committed checkpoint asked for
+        chosen = args.checkpoint is not None
+        sharded = None if chosen else ShardedEmbeddings.open(store.url_of(EMBEDDINGS))
+        model: KGEModel | None = None
+        if chosen:
+            model = load_run(args.run, checkpoint=args.checkpoint).model
+        elif sharded is None:
+            model = final_model(store, config)
     prefixes = dict(args.prefix)
     rel = vocab.find_relation(args.relation, prefixes)
     if args.head is not None:

@@ -9,7 +9,13 @@ registries (:mod:`kgpipe.registry`).
 """
 
 from kgpipe.config.base import clean_storage_options
-from kgpipe.config.hash import RESUMABLE_CHANGES, config_hash, hashed_view, training_differences
+from kgpipe.config.hash import (
+    RESUMABLE_CHANGES,
+    config_hash,
+    config_hashes,
+    hashed_view,
+    training_differences,
+)
 from kgpipe.config.io import (
     apply_overrides,
     config_to_yaml,
@@ -49,6 +55,7 @@ __all__ = [
     "apply_overrides",
     "clean_storage_options",
     "config_hash",
+    "config_hashes",
     "config_to_yaml",
     "hashed_view",
     "load_config",

@@ -10,7 +10,13 @@ from typing import Any
 from kgpipe.config.run import RunConfig
 from kgpipe.training.schedules import SCHEDULES
 
-__all__ = ["RESUMABLE_CHANGES", "config_hash", "hashed_view", "training_differences"]
+__all__ = [
+    "RESUMABLE_CHANGES",
+    "config_hash",
+    "config_hashes",
+    "hashed_view",
+    "training_differences",
+]
 
 # Sections that may differ between a run and its resumption (how it runs, not what it computes;
 # under a schedule that follows validation, evaluation.every and .sampled drive the learning
@@ -19,7 +25,7 @@ __all__ = ["RESUMABLE_CHANGES", "config_hash", "hashed_view", "training_differen
 RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation", "tracking")
 
 
-def hashed_view(config: RunConfig) -> dict[str, Any]:
+def hashed_view(config: RunConfig, *, sampled_under_patience: bool = True) -> dict[str, Any]:
     """The part of ``config`` that determines the trained parameters, as plain data: everything
     but the run's placement (``run.root``, ``run.name``, storage options), the process settings
     and :data:`RESUMABLE_CHANGES` (less ``evaluation.every`` and ``.sampled`` under the plateau
@@ -58,7 +64,7 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
         data.setdefault("evaluation", {}).update(
             candidates=ev.candidates, candidates_seed=ev.candidates_seed
         )
-    if ev.sampled is not None and ev.patience:
+    if ev.sampled is not None and ev.patience and sampled_under_patience:
         # sampled MRRs run above full ranking's too: early stopping (and the best checkpoint
         # it keeps) compared the two after a resume that set or unset evaluation.sampled
         data.setdefault("evaluation", {})["sampled"] = ev.sampled
@@ -73,10 +79,17 @@ def hashed_view(config: RunConfig) -> dict[str, Any]:
     return data
 
 
-def config_hash(config: RunConfig) -> str:
+def config_hash(config: RunConfig, **view: bool) -> str:
     """SHA-256 of :func:`hashed_view` (recorded in every checkpoint manifest)."""
-    blob = json.dumps(hashed_view(config), sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(blob).hexdigest()
+    blob = json.dumps(hashed_view(config, **view), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def config_hashes(config: RunConfig) -> set[str]:
+    """Every hash ``config`` has had: :func:`config_hash`, and as kgpipe hashed it before
+    ``evaluation.sampled`` counted under ``evaluation.patience`` (a retrain series recorded
+    with the older one is the same recipe)."""
+    return {config_hash(config), config_hash(config, sampled_under_patience=False)}
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -37,6 +37,7 @@ from kgpipe.query_candidates import (
     known_mask,
     lift_neg_inf,
     pair_scores,
+    same_scores,
 )
 
 __all__ = ["evaluate_sharded"]
@@ -169,7 +170,7 @@ def _blocked_ranks(
         lift_neg_inf(block, when=lift)
         here = (tcols >= lo) & (tcols < hi)
         m_rows, m_cols = mine[here], tcols[here] - lo
-        if not torch.equal(block[m_rows, m_cols], true[m_rows]):
+        if not same_scores(block[m_rows, m_cols], true[m_rows]):
             counts[2] = 1
             break
         a, z = bounds[k], bounds[k + 1]

@@ -99,7 +99,16 @@ def _unescape(text: str, source: str, line: int, excerpt: str, *, echar: bool) -
             line=line, excerpt=excerpt,
         )  # fmt: skip
 
-    return _ESCAPE.sub(one, text)
+    out = _ESCAPE.sub(one, text)
+    if any("\ud800" <= c <= "\udfff" for c in out):  # UTF-16 halves, escaped one at a time
+        try:  # a pair is the one character it encodes (\uD83D\uDE00 is \U0001F600)
+            out = out.encode("utf-16", "surrogatepass").decode("utf-16")
+        except UnicodeDecodeError:
+            raise DataError(
+                source, "malformed N-Triples statement: an escape of half a UTF-16 pair",
+                line=line, excerpt=excerpt,
+            ) from None  # fmt: skip
+    return out
 
 
 def _iri(iri: str, source: str, line: int, excerpt: str) -> str:
