@@ -223,8 +223,7 @@ def same_scores(a: Tensor, b: Tensor) -> bool:
 def count_ranks(scores: Tensor, excluded: Tensor) -> tuple[Tensor, Tensor]:
     """Better and equal candidates per query: ``scores`` ``(b, 1 + k)`` holds the answer's
     score in column 0; ``excluded`` ``(b, k)`` marks candidates that do not count."""
-    answers = scores[:, 0]
-    if bool((torch.isneginf(answers) | torch.isnan(answers)).any()):  # (see lift_neg_inf)
+    if lift_neg_inf(when=scores[:, 0]):  # an answer at -inf or NaN: lift a copy
         lift_neg_inf(scores := scores.clone(), when=True)
     true = scores[:, :1]
     others = scores[:, 1:].masked_fill(excluded.to(scores.device), float("-inf"))

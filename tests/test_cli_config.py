@@ -243,3 +243,15 @@ def test_an_interrupted_run_says_the_command_that_goes_on() -> None:
         "--no-prefect --resume"
     )
     assert config.run.name and config.run.name.startswith("complex-umls-")
+
+
+def test_verbose_without_prefect_runs_and_says_it_adds_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = str(REPO / "configs" / "umls-complex.yaml")
+    sets = ["--set", f"run.root={tmp_path}", "--set", "training.epochs=1",
+            "--set", "model.dim=8", "--set", "evaluation.test=false"]  # fmt: skip
+    assert main(["train", "-c", good, *sets, "--no-prefect", "-v"]) == 0
+    assert "(-v adds Prefect's log lines; --orchestrator none runs without Prefect)" in (
+        capsys.readouterr().err
+    )

@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     import torch
     from rich.console import Console
 
-    from kgpipe.models.model import KGEModel
-
 NAME = "predict"
 HELP = "top-scored tails (--head) or heads (--tail)"
 
@@ -68,18 +66,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
             "give exactly one of --head (to predict tails) or --tail (to predict heads)"
         )
     with storage_errors(args.run, "read the run"):
-        store, config = open_run(args.run)
-        check_not_trimmed(store)
-        vocab = Vocabulary.read(store.url_of(VOCAB))
-        # a sharded run's export is read part by part; others read the model file, or the
-        # committed checkpoint asked for
-        chosen = args.checkpoint is not None
-        sharded = None if chosen else ShardedEmbeddings.open(store.url_of(EMBEDDINGS))
-        model: KGEModel | None = None
-        if chosen:
-            model = load_run(args.run, checkpoint=args.checkpoint).model
-        elif sharded is None:
-            model = final_model(store, config)
+        sharded, model = None, None
+        if args.checkpoint is not None:  # the committed checkpoint asked for
+            loaded = load_run(args.run, checkpoint=args.checkpoint)
+            store, vocab, model = loaded.store, loaded.vocab, loaded.model
+        else:  # a sharded run's export is read part by part; others read the model file
+            store, config = open_run(args.run)
+            check_not_trimmed(store)
+            vocab = Vocabulary.read(store.url_of(VOCAB))
+            sharded = ShardedEmbeddings.open(store.url_of(EMBEDDINGS))
+            model = None if sharded is not None else final_model(store, config)
     prefixes = dict(args.prefix)
     rel = vocab.find_relation(args.relation, prefixes)
     if args.head is not None:

@@ -363,10 +363,9 @@ def columnar_ids(
             pos += k
             return True
 
-        comments = [0]
         with opened(url, storage_options) as raw:
             f = _Hashing(raw, url)
-            for h, r, t in _batches(f, url, delimiter, block_size, comments):
+            for h, r, t in _batches(f, url, delimiter, block_size):
                 if skip and len(h):
                     h, r, t, skip = h[1:], r[1:], t[1:], False
                 pending.append((h, r, t))

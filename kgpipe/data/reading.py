@@ -31,9 +31,7 @@ from kgpipe.data.columnar import (
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
-from kgpipe.data.formats.text import (
-    comment_warning,
-)
+from kgpipe.data.formats.text import comment_warning
 from kgpipe.data.io import (
     Fallback,
     read_bytes,

@@ -97,9 +97,8 @@ def check_not_trimmed(store: Store) -> None:
 
 
 def final_model(store: Store, config: RunConfig) -> KGEModel:
-    """The run's trained model (``model.safetensors``); a sharded run's table stays in its
-    file (mapped), as it was trained."""
-    check_not_trimmed(store)
+    """The run's trained model (``model.safetensors``; :func:`check_not_trimmed` first); a
+    sharded run's table stays in its file (mapped), as it was trained."""
     return map_stored(store) if config.distributed.strategy == "sharded" else load_model(store)
 
 
@@ -112,10 +111,10 @@ def load_run(
     """Read a finished run: config, vocabulary and trained model -- the final one, or that of a
     committed checkpoint (see :data:`CheckpointChoice`)."""
     store, config = open_run(url, storage_options)
+    check_not_trimmed(store)
     vocab = Vocabulary.read(store.url_of(VOCAB), storage_options)
     if checkpoint is None:
         return LoadedRun(url, store, config, vocab, final_model(store, config))
-    check_not_trimmed(store)
     checkpoints = CheckpointStore(store)
     chosen = select_checkpoint(checkpoints, checkpoint)
     if chosen.manifest.get("strategy") == "sharded":  # never the whole table in memory

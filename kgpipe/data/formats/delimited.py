@@ -93,7 +93,7 @@ def _parse_tsv(
         for i in range(start, len(lines)):
             line = lines[i]
             if skipped_line(line, delimiter):
-                comments += line[:1] == "#" and comment_triple(line, delimiter)
+                comments += comment_triple(line, delimiter)
                 continue
             fields = line.split(delimiter)
             if len(fields) != 3:
@@ -114,7 +114,7 @@ def _parse_tsv(
         for i in range(start, len(lines)):
             line = lines[i]
             if skipped_line(line, delimiter):
-                comments += line[:1] == "#" and comment_triple(line, delimiter)
+                comments += comment_triple(line, delimiter)
                 continue
             fields = line.split(delimiter)
             if len(fields) < need:
