@@ -126,8 +126,16 @@ _LIST_VALUES_MAX = 2**31 - 1  # the most values one chunk of a list<float> colum
 
 
 def table_parquet(
-    ids: np.ndarray, labels: list[str], emb: np.ndarray, meta: dict[str, str]
+    ids: np.ndarray,
+    labels: list[str],
+    emb: np.ndarray,
+    meta: dict[str, str],
+    *,
+    inverse: int | None = None,
 ) -> bytes:
+    """One embedding table as Parquet. A relation table (``inverse``: its number of relations)
+    adds a boolean column ``inverse`` that says which rows are inverse relations: a label does
+    not (a graph may hold both ``x`` and ``x^-1``)."""
     dim = max(int(emb.shape[1]), 1)
     values = emb.astype(np.float32, copy=False)
     # a list column's offsets are int32: a table of 2**31 floats or more is written in chunks
@@ -146,7 +154,10 @@ def table_parquet(
             "label": pa.array(labels, type=pa.string()),
             "embedding": pa.chunked_array(chunks, type=pa.list_(pa.float32())),
         }
-    ).replace_schema_metadata(meta)
+    )
+    if inverse is not None:
+        table = table.append_column("inverse", pa.array(np.asarray(ids) >= inverse))
+    table = table.replace_schema_metadata(meta)
     buf = io.BytesIO()
     pq.write_table(table, buf)
     return buf.getvalue()
@@ -189,12 +200,13 @@ def export_embeddings(
     rel_labels = relation_labels(vocab, spec)
     written = []
     if fmt == "parquet":
-        for name, emb, labels in (
-            ("entities", ent, list(vocab.entities)),
-            ("relations", rel, rel_labels),
+        for name, emb, labels, inverse in (
+            ("entities", ent, list(vocab.entities), None),
+            ("relations", rel, rel_labels, len(vocab.relations)),
         ):
+            ids = np.arange(emb.shape[0])
             store.write_bytes(
-                f"{name}.parquet", table_parquet(np.arange(emb.shape[0]), labels, emb, meta)
+                f"{name}.parquet", table_parquet(ids, labels, emb, meta, inverse=inverse)
             )
             written.append(store.url_of(f"{name}.parquet"))
     else:  # npy

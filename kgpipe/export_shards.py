@@ -75,7 +75,9 @@ def export_sharded(
     rel_labels = relation_labels(vocab, spec)
     store.write_bytes(
         "relations.parquet",
-        table_parquet(np.arange(relation.shape[0]), rel_labels, relation, meta),
+        table_parquet(
+            np.arange(relation.shape[0]), rel_labels, relation, meta, inverse=len(vocab.relations)
+        ),
     )
     written.append(store.url_of("relations.parquet"))
     store.write_json("model.json", {**info, "parts": len(parts), "part_files": parts})

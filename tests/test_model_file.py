@@ -269,3 +269,20 @@ def test_an_export_replaces_an_earlier_export_and_nothing_of_the_users(tmp_path:
     assert not (mine / "entities" / "part-000003.parquet").exists()
     assert (mine / "entities" / "notes.txt").read_text() == "the user's own\n"
     assert (mine / "entities.parquet").exists() and (mine / "model.json").exists()
+
+
+def test_inverse_relation_rows_are_marked_where_labels_collide(tmp_path: Path) -> None:
+    """A graph with relations ``x`` and ``x^-1``: a reciprocal export has two rows labelled
+    ``x^-1``; the ``inverse`` column says which is the learned inverse of ``x``."""
+    import pyarrow.parquet as pq
+
+    from kgpipe.data.vocab import Vocabulary
+    from kgpipe.export import export_embeddings
+
+    spec = ModelSpec(name="distmult", dim=4, num_entities=2, num_relations=2, reciprocal=True)
+    vocab = Vocabulary(entities=("a", "b"), relations=("x", "x^-1"))
+    export_embeddings(KGEModel(spec), vocab, str(tmp_path), fmt="parquet")
+    rel = pq.read_table(tmp_path / "relations.parquet").to_pydict()
+    assert rel["label"] == ["x", "x^-1", "x^-1", "x^-1^-1"]
+    assert rel["inverse"] == [False, False, True, True]
+    assert "inverse" not in pq.read_table(tmp_path / "entities.parquet").column_names

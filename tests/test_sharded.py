@@ -492,6 +492,8 @@ def test_a_sharded_run_exports_a_part_per_shard_and_predicts_from_the_parts(
     run = tmp_path / "run"
     parts = sorted((run / "embeddings" / "entities").glob("part-*.parquet"))
     assert [p.name for p in parts] == [f"part-00000{s}.parquet" for s in range(3)]
+    relations = pq.read_table(run / "embeddings" / "relations.parquet")
+    assert not any(relations.column("inverse").to_pylist())  # not reciprocal
     whole = _model(tmp_path, "run")["entity"]
     labels = vocab_labels(run, "entities")
     seen: list[int] = []
