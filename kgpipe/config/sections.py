@@ -290,7 +290,9 @@ class DataConfig(Frozen):
 
 
 class RegularizerConfig(Frozen):
-    """Penalty on the embeddings used in a batch."""
+    """Penalty on the embeddings used in a batch: ``weight`` times the mean, over the triples
+    the batch's queries score, of the penalty of their head, relation and tail rows (a
+    reciprocal model's head query ``(?, r, t)`` is the triple ``(t, r⁻¹, h)``)."""
 
     type: Annotated[str, Registered(REGULARIZERS)] = Field(
         default="none", description="none, lp (weight * |x|_p^p) or n3 (Lacroix et al. 2018)."

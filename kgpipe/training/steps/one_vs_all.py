@@ -42,8 +42,14 @@ class OneVsAll(StepStrategy):
         rel_ids = torch.cat((r_id, r_id + spec.num_relations)) if spec.reciprocal else r_id
         rel_rows, rel, rel_inv = kit.gather("relation", rel_ids)
         b = batch.shape[0]
-        # regularised before dropout (gathered only when there is a penalty)
-        reg_rows = (ent[h_id], rel[rel_inv[:b]], ent[t_id]) if reg.active else None
+        # regularised before dropout (gathered only when there is a penalty), as a mean over the
+        # queries' triples: (h, r, t) and (t, r⁻¹, h) where the head query is an inverse one
+        reg_rows = None
+        if reg.active and spec.reciprocal:
+            anchors, answers = torch.cat((h_id, t_id)), torch.cat((t_id, h_id))
+            reg_rows = (ent[anchors], rel[rel_inv], ent[answers])
+        elif reg.active:
+            reg_rows = (ent[h_id], rel[rel_inv], ent[t_id])
         ent_leaf, rel_leaf = ent, rel
         if kit.dropout is not None:
             ent, rel = kit.dropout.tables(
@@ -80,7 +86,8 @@ class OneVsAll(StepStrategy):
             ).sum()
         total = loss / global_queries
         if reg_rows is not None:
-            total = total + reg(*reg_rows) / global_batch
+            triples = 2 if spec.reciprocal else 1  # penalised per positive
+            total = total + reg(*reg_rows) / (global_batch * triples)
         total.backward()
         return StepResult(
             loss_sum=float(loss.detach()),
