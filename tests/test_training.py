@@ -567,6 +567,33 @@ def test_dropout_enters_the_config_hash_only_when_active() -> None:
     assert config_hash(dropped) != config_hash(base)
 
 
+def test_lossy_distribution_enters_the_config_hash_only_where_set() -> None:
+    """Per-epoch model averaging, lossy compression and bounded staleness change what a gang
+    trains: a resume may not switch them (it was accepted), and a retrain series sees them. The
+    world size, the strategy and step sync without them do not (they equal one process)."""
+    from kgpipe.config import RunConfig, config_hash, training_differences
+
+    def cfg(**distributed: object) -> RunConfig:
+        return RunConfig.model_validate(
+            {"data": {"dataset": "umls"}, "distributed": distributed}
+        )
+
+    base = cfg()
+    assert config_hash(base) == "bc668d8ead534ecf4fdbfb94465fc2a89efe3ec934952c3f6801c241610c32c6"
+    assert config_hash(cfg(workers=4, strategy="sharded", entity_shards=4)) == config_hash(base)
+    assert training_differences(base, cfg(workers=4, sync="epoch")) == [
+        ("distributed.sync", None, "epoch")
+    ]
+    assert [k for k, _, _ in training_differences(base, cfg(compression="topk"))] == [
+        "distributed.compression",
+        "distributed.topk_ratio",
+    ]
+    assert config_hash(cfg(compression="int8")) != config_hash(base)
+    sharded = cfg(workers=2, strategy="sharded", entity_shards=2)
+    stale = cfg(workers=2, strategy="sharded", entity_shards=2, staleness=3)
+    assert training_differences(sharded, stale) == [("distributed.staleness", None, 3)]
+
+
 def test_plateau_settings_and_validations_enter_the_config_hash_only_under_plateau() -> None:
     from kgpipe.config import RunConfig, config_hash
 

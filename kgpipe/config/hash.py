@@ -15,6 +15,7 @@ __all__ = [
     "config_hash",
     "config_hashes",
     "hashed_view",
+    "lossy_distribution",
     "training_differences",
 ]
 
@@ -29,7 +30,7 @@ def hashed_view(config: RunConfig, *, sampled_under_patience: bool = True) -> di
     """The part of ``config`` that determines the trained parameters, as plain data: everything
     but the run's placement (``run.root``, ``run.name``, storage options), the process settings
     and :data:`RESUMABLE_CHANGES` (less ``evaluation.every`` and ``.sampled`` under the plateau
-    schedule)."""
+    schedule, and less :func:`lossy_distribution`)."""
     data = config.model_dump(mode="json")
     for section in RESUMABLE_CHANGES:
         data.pop(section, None)
@@ -76,7 +77,26 @@ def hashed_view(config: RunConfig, *, sampled_under_patience: bool = True) -> di
         data["data"]["header"] = False
     if not config.model.dropout.active:  # runs from before dropout existed keep their hash
         data["model"].pop("dropout", None)
+    if lossy := lossy_distribution(config):  # only where set: other runs keep their hash
+        data["distributed"] = lossy
     return data
+
+
+def lossy_distribution(config: RunConfig) -> dict[str, Any]:
+    """The ``distributed`` settings that change what a gang trains (single-process training
+    is what step sync without compression or staleness equals): per-epoch model averaging,
+    lossy compression, bounded staleness. Empty where none is set."""
+    dist = config.distributed
+    out: dict[str, Any] = {}
+    if dist.sync != "step":
+        out["sync"] = dist.sync
+    if dist.compression != "none":
+        out["compression"] = dist.compression
+        if dist.compression == "topk":
+            out["topk_ratio"] = dist.topk_ratio
+    if dist.strategy == "sharded" and dist.staleness:
+        out["staleness"] = dist.staleness
+    return out
 
 
 def config_hash(config: RunConfig, **view: bool) -> str:
