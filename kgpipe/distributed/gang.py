@@ -200,7 +200,7 @@ def launch_gang(
                     missing.add(rank)
                 else:
                     raise GangError(
-                        f"rank {rank}: its worker {addr} died (process killed or lost)",
+                        f"rank {rank}'s worker {addr} died (process killed or lost)",
                         rank=rank,
                         worker=addr,
                     )

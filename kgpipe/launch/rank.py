@@ -161,12 +161,12 @@ def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
     device = resolve_device(t.device, cluster=dcfg.cluster)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL uses the current device of each rank
-    dist.init_process_group(
+    init_gang(
         process_group_backend(dcfg.backend, device),
-        init_method=f"tcp://{spec.master_addr}:{spec.master_port}",
+        f"tcp://{spec.master_addr}:{spec.master_port}",
         rank=spec.rank,
         world_size=spec.world_size,
-        timeout=dt.timedelta(seconds=dcfg.timeout_s),
+        timeout_s=dcfg.timeout_s,
     )
     try:
         yield run, device
@@ -178,6 +178,25 @@ def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def init_gang(backend: str, address: str, *, rank: int, world_size: int, timeout_s: float) -> None:
+    """Join the gang's process group. torch names a process's groups by a count that a
+    rendezvous bumps before the ranks meet and that only destroying a group resets: a rank
+    whose rendezvous failed (a peer late, a relaunch) looked for the next group's keys in every
+    later gang of its worker, and each timed out. The count is reset before each joining."""
+    from torch.distributed import distributed_c10d
+
+    world = getattr(distributed_c10d, "_world", None)
+    if not dist.is_initialized() and hasattr(world, "group_count"):
+        world.group_count = 0  # type: ignore[union-attr]
+    dist.init_process_group(
+        backend,
+        init_method=address,
+        rank=rank,
+        world_size=world_size,
+        timeout=dt.timedelta(seconds=timeout_s),
+    )
 
 
 def rank_threads(threads: int | None) -> int | None:
