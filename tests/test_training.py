@@ -574,9 +574,7 @@ def test_lossy_distribution_enters_the_config_hash_only_where_set() -> None:
     from kgpipe.config import RunConfig, config_hash, training_differences
 
     def cfg(**distributed: object) -> RunConfig:
-        return RunConfig.model_validate(
-            {"data": {"dataset": "umls"}, "distributed": distributed}
-        )
+        return RunConfig.model_validate({"data": {"dataset": "umls"}, "distributed": distributed})
 
     base = cfg()
     assert config_hash(base) == "bc668d8ead534ecf4fdbfb94465fc2a89efe3ec934952c3f6801c241610c32c6"
