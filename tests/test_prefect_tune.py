@@ -313,7 +313,7 @@ def test_the_tune_deployment_defaults_make_a_valid_search(
     from flows.params import resolve_config
     from flows.tune import flow_settings, flow_space
     from kgpipe.tune import default_space
-    from kgpipe.tune.space import check_space
+    from kgpipe.tune.space_check import check_space
 
     monkeypatch.chdir(REPO)
     params = next(d for d in _deployments() if d["name"] == "tune")["parameters"]

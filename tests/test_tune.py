@@ -34,7 +34,8 @@ from kgpipe.tune import (
     search_base,
 )
 from kgpipe.tune.folder import TRIMMED
-from kgpipe.tune.space import check_space, trial_config
+from kgpipe.tune.space import trial_config
+from kgpipe.tune.space_check import check_space
 from kgpipe.tune.study import load_optuna_study
 from kgpipe.tune.trial import TrialSpec, run_trial
 
@@ -163,6 +164,21 @@ def test_a_floor_sets_the_draws_below_it_to_it_as_libkge_reads_a_negative_dropou
         ("training.epochs: 20", "set it in the base config, not the space"),
         ("[1, 2]", "a search space is a non-empty mapping"),
         ("a: [", "space.yaml"),
+        # a float range on a whole-number key: every trial but the base one was refused
+        ("training.negatives: {loguniform: [4, 64]}", "use int: [low, high]"),
+        # a condition on a key set below: it read the base's value in every trial
+        (
+            "training.margin: {uniform: [0.5, 2], when: {training.loss: margin}}\n"
+            "training.loss: {choices: [softplus, margin]}",
+            "put training.margin after training.loss",
+        ),
+        (  # a value the key is never given: the entry was never sampled
+            "training.loss: {choices: [softplus, margin]}\n"
+            "training.margin: {uniform: [0.5, 2], when: {training.loss: margn}}",
+            "which the space never gives it",
+        ),
+        ("model.regularizer: {choices: [n3]}", "model.regularizer is a section, not a key"),
+        ("training:\n  lr: {uniform: [0.1, 1]}", "training is a section, not a key"),
     ],
 )
 def test_bad_space_is_one_clear_error(text: str, message: str) -> None:
@@ -221,13 +237,32 @@ def test_unreadable_space_files_are_one_line_errors(tmp_path: Path) -> None:
         assert "\n" not in str(err.value)
 
 
+def test_bounds_written_as_yaml_reads_them() -> None:
+    """YAML reads 1e-5 (no dot) as a string: the config takes it, and so does a space."""
+    space = SearchSpace.from_yaml("training.lr: {loguniform: [1e-5, 1.0e-1]}")
+    assert (space.params[0].low, space.params[0].high) == (1e-5, 0.1)
+
+
+def test_a_relative_sqlite_storage_is_made_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A study on sqlite:///rel.db resumed from another directory opened an empty database
+    there (and lost its trials): the path is made absolute when the study is set up."""
+    monkeypatch.chdir(tmp_path)
+    settings = TuneSettings(root=str(tmp_path), storage="sqlite:///rel.db?timeout=5")
+    assert settings.storage == f"sqlite:///{tmp_path / 'rel.db'}?timeout=5"
+    for kept in ("sqlite:////abs/s.db", "postgresql://u:p@host/db", "sqlite://"):
+        assert TuneSettings(root=str(tmp_path), storage=kept).storage == kept
+
+
 def test_durations() -> None:
     assert parse_duration("2h") == 7200
     assert parse_duration("1h30m") == 5400
     assert parse_duration("90m") == 5400
     assert parse_duration("45s") == 45
     assert parse_duration("600") == 600
-    for bad in ("abc", "", "0", "-5m"):
+    assert parse_duration("1h 30m 5s") == 5405
+    for bad in ("abc", "", "0", "-5m", "1h30"):  # 1h30 was an hour and 30 seconds
         with pytest.raises(ConfigError):
             parse_duration(bad)
 

@@ -18,7 +18,8 @@ from kgpipe.errors import ConfigError
 from kgpipe.tune.folder import StudyFolder, create_study_folder, open_study_folder
 from kgpipe.tune.results import summarize
 from kgpipe.tune.settings import TuneSettings, check_budget, check_storage, parse_duration
-from kgpipe.tune.space import SearchSpace, check_space
+from kgpipe.tune.space import SearchSpace
+from kgpipe.tune.space_check import check_space
 from kgpipe.tune.study import StudyEvent, search_held
 
 __all__ = [

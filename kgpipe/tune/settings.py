@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -21,18 +22,24 @@ __all__ = [
 ]
 
 _DURATION = re.compile(
-    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s?)?\s*$"
+    r"^\s*(?:(\d+(?:\.\d+)?)\s*h)?\s*(?:(\d+(?:\.\d+)?)\s*m)?\s*(?:(\d+(?:\.\d+)?)\s*s)?\s*$"
 )
+_SECONDS = re.compile(r"^\s*\d+(?:\.\d+)?\s*$")
 
 
 def parse_duration(text: str | float | int) -> float:
     """Seconds of ``2h``, ``90m``, ``1h30m``, ``45s`` or a plain number of seconds."""
     if isinstance(text, int | float) and not isinstance(text, bool):
         seconds = float(text)
+    elif _SECONDS.match(str(text)):  # a plain number; after a unit one needs its own (1h30m)
+        seconds = float(str(text))
     else:
         match = _DURATION.match(str(text))
         if not match or not any(match.groups()):
-            raise ConfigError(f"{text!r} is not a duration (e.g. 2h, 90m, 1h30m, 3600)")
+            raise ConfigError(
+                f"{text!r} is not a duration (e.g. 2h, 90m, 1h30m, 3600; each number after "
+                "the first needs its unit)"
+            )
         h, m, s = (float(g) if g else 0.0 for g in match.groups())
         seconds = h * 3600 + m * 60 + s
     if seconds <= 0:
@@ -128,6 +135,26 @@ class TuneSettings(Frozen):
         if "://" in value and not value.startswith("file://"):
             raise ValueError("the study folder must be on a local disk (its database is SQLite)")
         return value.removeprefix("file://")
+
+    @field_validator("storage")
+    @classmethod
+    def _absolute_sqlite(cls, value: str | None) -> str | None:
+        """A relative SQLite path is read from the current directory: made absolute when the
+        study is set up, so that a resume from another directory opens the same database (it
+        created an empty one there and lost the study's trials)."""
+        if not value or not value.startswith("sqlite:"):
+            return value
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(value)
+        except (ArgumentError, ValueError):
+            return value  # refused with its own message where it is opened
+        db = url.database
+        if not db or db == ":memory:" or db.startswith("file:") or Path(db).is_absolute():
+            return value
+        return url.set(database=str(Path(db).resolve())).render_as_string(hide_password=False)
 
     def startup(self) -> int:
         if self.startup_trials is not None:

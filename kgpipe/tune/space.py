@@ -24,6 +24,7 @@ set, validated by the normal config model before the trial starts.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,11 +33,11 @@ from kgpipe.config import RunConfig
 from kgpipe.config.io import load_yaml, parse_config
 from kgpipe.config.keys import config_keys, suggest_key
 from kgpipe.errors import ConfigError
+from kgpipe.tune.space_conditions import check_conditions
 
 __all__ = [
     "Param",
     "SearchSpace",
-    "check_space",
     "describe_values",
     "read_space",
     "set_key",
@@ -45,6 +46,7 @@ __all__ = [
 
 _KINDS = ("uniform", "loguniform", "int", "choices")
 _OPTIONS = {*_KINDS, "log", "step", "when", "floor"}
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -158,6 +160,8 @@ def _get_key(tree: Mapping[str, Any], key: str) -> Any:
 
 
 def _number(source: str, key: str, value: Any) -> float | int:
+    if isinstance(value, str) and _FLOAT.match(value):  # YAML reads 1e-5 as a string
+        return float(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{source}: {key}: bounds must be numbers, got {value!r}")
     return value
@@ -230,8 +234,6 @@ def _param(source: str, key: str, name: str, spec: Any) -> Param:
 
 
 _KNOWN: frozenset[str] | None = None
-#: the pruner's step grid: the same for every trial, so from the base config only
-_STEP_GRID = ("evaluation.every", "training.epochs")
 
 
 def _check_key(source: str, key: str) -> None:
@@ -243,6 +245,11 @@ def _check_key(source: str, key: str) -> None:
     # keys under free-form mappings (storage options, tags) are not listed leaf by leaf
     if any(key.startswith(f"{k}.") for k in _KNOWN):
         return
+    if under := sorted(k for k in _KNOWN if k.startswith(f"{key}.")):  # a section
+        raise ConfigError(
+            f"{source}: {key} is a section, not a key: a space names each key in full, "
+            f"such as {under[0]}"
+        )
     hint = suggest_key(key)
     extra = f" (did you mean {hint}?)" if hint else ""
     raise ConfigError(f"{source}: {key} is not a config key{extra}")
@@ -270,6 +277,7 @@ class SearchSpace:
                 params += [_param(source, key, f"{key}#{i}", s) for i, s in enumerate(spec)]
             else:
                 params.append(_param(source, key, key, spec))
+        check_conditions(params, source)
         return cls(tuple(params), source, dict(data))
 
     @classmethod
@@ -372,23 +380,3 @@ def _short(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
-
-
-def check_space(space: SearchSpace, base: RunConfig) -> None:
-    """Refuse a space with a value its key cannot take (each choice, each bound, tried alone
-    on ``base``), so that a typo fails at the start and not in every trial. Values that only
-    clash with other keys' values are left to each trial's validation."""
-    for param in space.params:
-        if param.key in _STEP_GRID:
-            raise ConfigError(
-                f"{space.source}: {param.key}: set it in the base config, not the space (every "
-                "trial must validate at the same epochs for the pruner to compare them)"
-            )
-        low = param.low if param.floor is None else param.floor
-        candidates = param.choices or (low, param.high)  # what a trial can be given
-        for value in candidates:
-            try:
-                trial_config(base, {param.key: value}, source=space.source)
-            except ConfigError as err:
-                if f": {param.key}: " in str(err):
-                    raise ConfigError(str(err)) from None
