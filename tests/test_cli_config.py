@@ -255,3 +255,38 @@ def test_verbose_without_prefect_runs_and_says_it_adds_nothing(
     assert "(-v adds Prefect's log lines; --orchestrator none runs without Prefect)" in (
         capsys.readouterr().err
     )
+
+
+def test_yaml_shapes_a_user_writes_by_mistake_or_on_purpose(tmp_path: Path) -> None:
+    """A key that is a list or a mapping was a TypeError traceback; a section with every key
+    commented out (YAML's null) takes its defaults as --set does; sizes given as numbers are
+    bytes, as the docs say; --set on a key under a YAML alias changes that place only (both
+    places that shared the alias changed: the run folder went to the data's endpoint)."""
+    from kgpipe.config import load_config
+    from kgpipe.errors import ConfigError
+
+    odd = tmp_path / "odd.yaml"
+    odd.write_text("data: {dataset: umls}\n? [a, b]\n: 1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(str(odd))
+    assert str(err.value) == f"{odd}, line 2: a key must be a name or a number, not a list"
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("data: {dataset: umls}\ntraining:\n  # epochs: 5\nmodel:\n")
+    config = load_config(str(empty))
+    assert config.training == RunConfig.model_validate({"data": {"dataset": "umls"}}).training
+    sizes = tmp_path / "sizes.yaml"
+    sizes.write_text("data: {dataset: umls, memory_budget: 1073741824, block_size: 1048576}\n"
+                     "distributed: {memory_limit: 3000000000}\n")  # fmt: skip
+    config = load_config(str(sizes))
+    assert config.distributed.memory_limit_bytes == 3_000_000_000
+    assert (config.data.memory_budget_bytes, config.data.block_size_bytes) == (1 << 30, 1 << 20)
+    shared = tmp_path / "shared.yaml"
+    shared.write_text(
+        "run: {storage_options: &so {client_kwargs: {endpoint_url: 'http://a:9000'}}}\n"
+        "data: {dataset: umls, storage_options: *so}\n"
+    )
+    config = load_config(
+        str(shared), ["data.storage_options.client_kwargs.endpoint_url=http://b:9000"]
+    )
+    assert config.run.storage_options["client_kwargs"]["endpoint_url"] == "http://a:9000"
+    assert config.data.storage_options["client_kwargs"]["endpoint_url"] == "http://b:9000"

@@ -165,6 +165,15 @@ def test_memory_limit_reaches_the_workers_dask_starts() -> None:
             parse_config({**BASE, "distributed": {"workers": 2, "memory_limit": bad}})
 
 
+def test_a_tls_scheduler_without_its_settings_is_one_line() -> None:
+    """A tls:// address without Dask's TLS config was a TypeError traceback."""
+    from kgpipe.errors import KgpipeError
+
+    failing = pytest.raises(KgpipeError, match=r"scheduler tls://127\.0\.0\.1:1: TLS expects")
+    with failing, open_cluster("tls://127.0.0.1:1", workers=1):
+        pass
+
+
 def test_the_workers_are_asked_of_the_scheduler_not_read_from_a_racing_cache() -> None:
     """``Client.scheduler_info()`` returns a cache that the client's periodic refresh replaces
     with an answer listing no worker; a CI run read it mid-refresh and launched a gang of 0

@@ -78,6 +78,9 @@ def _format_validation_error(
     return f"{where}: invalid configuration:\n" + "\n".join(body)
 
 
+_SECTIONS = frozenset(RunConfig.model_fields)
+
+
 def parse_config(
     data: Mapping[str, Any], *, source: str = "config", overrides: Mapping[str, str] | None = None
 ) -> RunConfig:
@@ -85,8 +88,10 @@ def parse_config(
     ``--set`` item, given ``overrides``: dotted path -> the item that set it)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    # a section whose every key is commented out (`training:`) is YAML's null: its defaults
+    tree = {k: {} if v is None and k in _SECTIONS else v for k, v in data.items()}
     try:
-        return RunConfig.model_validate(dict(data))
+        return RunConfig.model_validate(tree)
     except ValidationError as err:
         message = _format_validation_error(err, source, overrides or {})
         raise ConfigError(message) from None
@@ -103,7 +108,8 @@ def _set_path(tree: dict[str, Any], path: str, value: Any) -> None:
             child = node[k] = {}
         if not isinstance(child, dict):
             raise ConfigError(f"--set {path}: {k} is not a section")
-        node = child
+        node[k] = dict(child)  # a YAML alias shares its mapping: change a copy only
+        node = node[k]
     node[keys[-1]] = value
 
 
@@ -220,6 +226,9 @@ class _UniqueKeys(yaml.SafeLoader):
                 continue
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
+            if isinstance(key, list | dict):  # `? [a, b]` or `{a: 1}: 2`
+                shape = "a list" if isinstance(key, list) else "a mapping"
+                raise ConfigError(f"line {line}: a key must be a name or a number, not {shape}")
             if key in seen:
                 raise ConfigError(
                     f"line {line}: {key!r} is given twice (first at line {seen[key]})"

@@ -119,7 +119,7 @@ class DistributedConfig(Frozen):
         ),
     )
 
-    @field_validator("memory_limit")
+    @field_validator("memory_limit", mode="before")  # YAML reads 3000000000 as a number
     @classmethod
     def _memory(cls, value: str | None) -> str | None:
         if value is None:

@@ -220,7 +220,7 @@ class DataConfig(Frozen):
         ),
     )
 
-    @field_validator("memory_budget")
+    @field_validator("memory_budget", mode="before")  # YAML reads 3000000000 as a number
     @classmethod
     def _budget(cls, value: str | None) -> str | None:
         if value is None:
@@ -234,7 +234,7 @@ class DataConfig(Frozen):
         """``memory_budget`` in bytes (None: no budget)."""
         return None if self.memory_budget is None else byte_size(self.memory_budget)
 
-    @field_validator("block_size")
+    @field_validator("block_size", mode="before")  # YAML reads 3000000000 as a number
     @classmethod
     def _block(cls, value: str) -> str:
         if not 1 << 16 <= byte_size(value) < 1 << 31:

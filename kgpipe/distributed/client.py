@@ -123,8 +123,13 @@ def open_cluster(
     else:
         try:
             client = Client(cluster, timeout=30)
-        except (OSError, TimeoutError) as err:
-            raise KgpipeError(f"cannot connect to the Dask scheduler {cluster}: {err}") from None
+        except (OSError, TimeoutError, TypeError, ValueError) as err:
+            # a tls:// address without Dask's TLS settings is a TypeError ("TLS expects a
+            # ssl_context"): its security comes from Dask's config (distributed.comm.tls.*)
+            tls = " (TLS: set Dask's distributed.comm.tls config)" if "TLS" in str(err) else ""
+            raise KgpipeError(
+                f"cannot connect to the Dask scheduler {cluster}: {err}{tls}"
+            ) from None
     try:
         try:
             client.wait_for_workers(workers, timeout=120)
