@@ -186,3 +186,15 @@ class SeesSharedTriples(Callback):
 
 
 cloudpickle.register_pickle_by_value(__import__(__name__))
+
+
+class ThreadsSeen(Callback):
+    """Writes the rank's torch thread count at each epoch's end to ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+
+    def on_epoch_end(self, trainer: TrainerView, stats: EpochStats) -> None:
+        import torch
+
+        Path(self.path).write_text(str(torch.get_num_threads()))

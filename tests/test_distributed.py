@@ -514,6 +514,20 @@ def test_an_epoch_synchronised_gang_resumes_as_it_would_have_gone_on(tmp_path: P
         assert diff <= 1e-7, (key, diff)  # (9.5e-5 before)
 
 
+def test_a_pinned_thread_count_holds_on_a_gang(tmp_path: Path) -> None:
+    """training.threads (pinned for bit-identical resumes) was ignored on Dask: each rank took
+    its worker's share of the cores, as measured at each launch."""
+    from rank_callbacks import ThreadsSeen
+
+    seen = tmp_path / "threads"
+    data = {**BASE, "run": {**BASE["run"], "root": str(tmp_path), "name": "pinned"},
+            "model": {"name": "distmult", "dim": 8},
+            "training": {"epochs": 1, "threads": 1},
+            "distributed": {"workers": 1, "launch": "dask", "threads_per_worker": 2}}  # fmt: skip
+    train(parse_config(data), rank_callbacks=[ThreadsSeen(seen)])
+    assert seen.read_text() == "1"
+
+
 def _threads_here() -> tuple[str | None, int]:
     return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
 
@@ -531,5 +545,9 @@ def test_an_existing_schedulers_workers_size_their_threads_themselves() -> None:
             from kgpipe.launch.rank import rank_threads  # what a rank (a task) takes
 
             assert client.submit(rank_threads, None, pure=False).result() == 3
+            from kgpipe.tune.trial import _sized  # and so does a search's trial
+
+            config = parse_config(BASE)
+            assert client.submit(_sized, config, pure=False).result().training.threads == 3
         with open_cluster(outside.scheduler_address, workers=1, threads_per_worker=2) as client:
             assert list(client.run(_threads_here).values()) == [("2", 2)]

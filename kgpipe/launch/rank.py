@@ -155,7 +155,7 @@ def joined(spec: RankSpec) -> Iterator[tuple[RunFolder, torch.device]]:
         update={"run": config.run.model_copy(update={"storage_options": spec.storage_options})}
     )
     dcfg, t = config.distributed, config.training
-    threads = rank_threads(spec.threads)
+    threads = rank_threads(t.threads or spec.threads)  # a pinned count holds on a gang too
     configure(threads=threads, allocator=t.allocator, deterministic=t.deterministic)
     run = RunFolder(config=config, **spec.run)
     device = resolve_device(t.device, cluster=dcfg.cluster)

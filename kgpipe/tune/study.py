@@ -24,7 +24,13 @@ from kgpipe.tune.folder import StudyFolder, trial_run_config
 from kgpipe.tune.settings import make_pruner, make_sampler
 from kgpipe.tune.space import describe_values
 from kgpipe.tune.track import StudyTracker
-from kgpipe.tune.trial import TrialOutcome, TrialSpec, recorded_outcome, run_trial
+from kgpipe.tune.trial import (
+    TrialOutcome,
+    TrialSpec,
+    recorded_outcome,
+    run_trial,
+    trial_threads,
+)
 
 __all__ = [
     "StudyEvent",
@@ -271,7 +277,7 @@ def _search(
             if "values" not in trial.user_attrs:
                 values = folder.space.sample(trial, folder.base)
                 trial.set_user_attr("values", values)
-            threads = None if gang else _threads(s)
+            threads = None if gang else trial_threads(s)
             config = trial_run_config(folder, trial.number, values, threads)
         except Exception as err:  # a sampled combination the config refuses (or a bug)
             error = str(err) if isinstance(err, ConfigError) else f"{type(err).__name__}: {err}"
@@ -391,9 +397,3 @@ def _budget_left(study: Any, s: Any, deadline: float | None, running: int) -> bo
     if deadline is not None and time.monotonic() >= deadline:
         return False
     return s.trials is None or _finished(study) + running < s.trials
-
-
-def _threads(settings: Any) -> int:
-    from kgpipe.distributed.clusters import worker_threads
-
-    return worker_threads(settings.workers, settings.threads_per_worker)

@@ -20,7 +20,7 @@ from kgpipe.errors import Diverged, KgpipeError
 from kgpipe.runs.lease import RunFolderBusy
 from kgpipe.training.hooks import Callback, TrainerView
 
-__all__ = ["TrialOutcome", "TrialSpec", "run_trial"]
+__all__ = ["TrialOutcome", "TrialSpec", "run_trial", "trial_threads"]
 
 log = logging.getLogger("kgpipe.tune")
 
@@ -128,6 +128,29 @@ def _study_trial(spec: TrialSpec) -> Any:
     return optuna.trial.Trial(study, spec.trial_id)
 
 
+def trial_threads(settings: Any) -> int | None:
+    """A trial's torch threads: the share of this machine's cores of a cluster started here;
+    on a scheduler's workers (other hosts) the worker's own count (None: set in the trial)."""
+    from kgpipe.distributed.clusters import worker_threads
+
+    if settings.cluster != "local" and not settings.threads_per_worker:
+        return None
+    return worker_threads(settings.workers, settings.threads_per_worker)
+
+
+def _sized(config: RunConfig) -> RunConfig:
+    """A trial on a scheduler's worker without a thread count takes the worker's (sized on
+    its host; the driver's core count gave 32-core workers 1 thread each)."""
+    from kgpipe.launch.rank import rank_threads
+
+    threads = config.training.threads or rank_threads(None)
+    if threads == config.training.threads:
+        return config
+    return config.model_copy(
+        update={"training": config.training.model_copy(update={"threads": threads})}
+    )
+
+
 def run_trial(spec: TrialSpec) -> TrialOutcome:
     """Train trial ``spec`` (resuming its run folder when it has one) and say how it went."""
     from kgpipe.pipeline import train
@@ -135,7 +158,7 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
     t0 = time.perf_counter()
     out = TrialOutcome(spec.number, "fail")
     try:
-        config = RunConfig.model_validate(spec.config)
+        config = _sized(RunConfig.model_validate(spec.config))
         pruned: dict[str, Any] = {"at": None, "trial": None}
 
         def stop(history: list[dict[str, Any]]) -> bool:
