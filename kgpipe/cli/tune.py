@@ -228,7 +228,7 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
         "--keep-trials",
         choices=("best", "all"),
         help="best (default): a finished trial other than the best so far keeps only its "
-        "config, metrics and report; all: every trial keeps its model and checkpoints",
+        "config and metrics; all: every trial keeps its model and checkpoints",
     )
     loud = t.add_mutually_exclusive_group()
     loud.add_argument(

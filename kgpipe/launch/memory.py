@@ -7,9 +7,8 @@ the replicated strategy every rank holds:
 
 * the tables: ``entities x dim`` and ``relation rows x relation width`` float32 values;
 * their optimiser state: one table-sized copy per slot (Adam 2, Adagrad 1, SGD 0);
-* at a commit (rank 0; any rank may be rank 0), one more copy of both: the snapshot the
-  background writer takes (none with ``checkpoint.background: false``); the file is streamed
-  from the tensors to disk, so serialising holds no copy (it held three before);
+* one more copy of both: the snapshot a background commit takes (files are streamed from the
+  tensors: no copy more), or the checkpoint a resumed segment reads next to the live tables;
 * epoch sync: the parameters the epoch started from and a per-row count (model averaging);
 * the staged training triples (3 int32 ids each; int64 past 2**31 ids) and the epoch's
   order (one int32 each): all of them under step sync (every rank draws the global batch),
@@ -27,10 +26,9 @@ the replicated strategy every rank holds:
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   the scores against every entity and their gradient (``2 b entities`` floats).
 
-Where a worker's ranks train on a GPU (:func:`gang_workers` asks each worker), the estimate is
-split (:meth:`RankMemory.on_gpu`): what lives on the card is checked against the card's free
-memory, what stays in host memory (a commit's copy, the staged triples, the filter index)
-against the worker's limit (not yet checked on a GPU machine).
+On a GPU (:func:`gang_workers` asks each worker) the estimate is split (:meth:`RankMemory.on_gpu`):
+what lives on the card is checked against its free memory, what stays in host memory (a
+commit's copy, the staged triples, the filter index) against the worker's limit (untried).
 
 Checked against measured worker peaks (``bench/memory.py``, docs/distributed.md): rank 0 of two
 peaked 3,194 MiB above its start on a 656k-entity TransE d=100 graph with Adam (estimate 3,151)
@@ -180,11 +178,8 @@ def rank_memory(
                 step += rows * (5 * m.dim + 32)
     else:  # scores against every entity, and their gradient
         step = 4 * 2 * batch * num_entities
-    validation, validation_host = (
-        _validation(config, num_entities, num_train, world, valid_candidates)
-        if validates
-        else (0, 0)
-    )
+    args = (config, num_entities, num_train, world, valid_candidates)
+    validation, validation_host = _validation(*args) if validates else (0, 0)
     return RankMemory(
         tables=tables,
         optimizer=optimizer,
@@ -227,7 +222,8 @@ def _validation(
         return index + staged + scoring, index + staged
     split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
     candidates = -(-num_entities // world) if split else num_entities
-    return index + (4 + 1) * ev.batch_size * candidates, index
+    floats = 4 if INTERACTIONS.get(config.model.name).bilinear else 12  # distances: 2 more
+    return index + (floats + 1) * ev.batch_size * candidates, index
 
 
 def ranking_memory(
@@ -255,7 +251,7 @@ def ranking_memory(
     return RankMemory(
         tables=m.tables,
         optimizer=0,
-        checkpoint=0,
+        checkpoint=m.tables,  # the checkpoint's tables, read next to the model's
         averaging=0,
         triples=num_train * 3 * ids,
         step=12 * num_entities if sharded else 0,
@@ -292,24 +288,26 @@ def check_training_gang(
     """:func:`check_gang_memory` for a gang that trains the epochs after ``segment[0]`` up to
     ``segment[1]`` (``sizes``: the other keyword arguments); returns the config its ranks run.
 
-    A background commit's copy is counted only where the segment commits before its end (the
-    last commit is waited for at once, with no copy). Where that copy is all that does not fit,
-    the gang commits in the foreground (training waits for each commit) instead of being
-    refused."""
+    A background commit's copy is counted where the segment commits before its end (the last
+    commit is waited for at once, with no copy), and where it resumes: its ranks read the
+    checkpoint next to the live tables. Where the copy is all that does not fit, the gang
+    commits in the foreground (training waits for each commit) instead of being refused."""
     c = config.checkpoint
-    foreground = config.model_copy(
-        update={"checkpoint": c.model_copy(update={"background": False})}
-    )
     start, until = segment
+    foreground, copied = (
+        config.model_copy(update={"checkpoint": c.model_copy(update={"background": b})})
+        for b in (False, True)
+    )
+    counted = copied if start else foreground  # (measured on a resumed rank: +402 MiB)
     if c.background and any(e % c.every == 0 for e in range(start + 1, until)):
         try:
             check_gang_memory(config, workers, **sizes)
             return config
         except ConfigError:
             pass
-        check_gang_memory(foreground, workers, **sizes)  # refused when it does not fit either
+        check_gang_memory(counted, workers, **sizes)  # refused when it does not fit either
         return foreground
-    check_gang_memory(foreground, workers, **sizes)  # no commit in the background to count
+    check_gang_memory(counted, workers, **sizes)  # no commit in the background to count
     return config
 
 

@@ -91,7 +91,7 @@ def check_not_trimmed(store: Store) -> None:
     if store.exists(TRIMMED):
         raise RunError(
             f"{store.url}: a trial its search trimmed (keep_trials: best) -- it keeps its "
-            f"config, metrics and report, not its model; train it again: kgpipe train -c "
+            f"config and metrics, not its model; train it again: kgpipe train -c "
             f"{store.url_of(CONFIG)}"
         )
 

@@ -29,7 +29,7 @@ __all__ = ["StudyFolder", "create_study_folder", "open_study_folder", "trial_run
 
 STUDY = "study.json"
 #: what a finished trial other than the best gives up under ``keep_trials: best`` (it keeps its
-#: config, metrics.jsonl, report and curve)
+#: config.yaml, data.json, metrics.jsonl and vocabulary)
 TRIMMED = ("checkpoints", "model.safetensors", "embeddings", "data")
 
 

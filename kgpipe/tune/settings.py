@@ -113,7 +113,7 @@ class TuneSettings(Frozen):
     keep_trials: Literal["best", "all"] = Field(
         default="best",
         description="What finished trials keep: `best` -- the best trial so far keeps its whole "
-        "run folder, the others their config, metrics and report only (their model, "
+        "run folder, the others their config and metrics only (their model, "
         "checkpoints, embeddings and staged data are removed: a search of many trials on a "
         "large graph would otherwise fill the disk); `all` -- every trial keeps everything.",
     )
