@@ -114,6 +114,14 @@ def test_the_report_says_the_hyperparameters_the_best_epoch_and_the_data(tmp_pat
     assert "](data:image/png;base64," in inline
     none = markdown_report(run, None, [h for h in _history() if "valid_mrr" not in h], seconds=1)
     assert "best validation: — (no validation ran)" in none
+    assert "| metric (test, filtered) |" in disk  # every entity: nothing more to say
+    # sampled and per-query rankings run above full ranking's: the report says which it was
+    sampled = [{**h, "valid_candidates": "sampled-50"} if "valid_mrr" in h else h
+               for h in _history()]  # fmt: skip
+    per_query = {**results, "protocol": {"filter": ["train"], "candidates": "per-query-50"}}
+    report = markdown_report(run, per_query, sampled, seconds=1)
+    assert "| metric (test, filtered against per-query-50 candidates, not all entities) |" in report
+    assert "MRR **0.9020**, Hits@10 0.9877 against sampled-50 candidates, not all" in report
 
 
 # -- the flows' config parameters ------------------------------------------------------------------

@@ -217,6 +217,7 @@ def markdown_report(
         lines.append(
             f"- best validation: epoch **{best['epoch']}**, MRR **{float(best['valid_mrr']):.4f}**"
             + (f", Hits@10 {float(hits):.4f}" if hits is not None else "")
+            + _against(best.get("valid_candidates"))
         )
     else:
         lines.append("- best validation: — (no validation ran)")
@@ -235,7 +236,9 @@ def markdown_report(
     lines.append("")
     if results is not None:
         prev = (previous or {}).get("results") or {}
-        ranking = "filtered" if results.get("protocol", {}).get("filter", True) else "unfiltered"
+        protocol = results.get("protocol", {})
+        ranking = "filtered" if protocol.get("filter", True) else "unfiltered"
+        ranking += _against(protocol.get("candidates"))
         lines += [f"| metric (test, {ranking}) | this run | previous model |", "|---|---:|---:|"]
         for k in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
             lines.append(f"| {k} | {_fmt(results[k])} | {_fmt(prev.get(k))} |")
@@ -251,3 +254,11 @@ def markdown_report(
         lines += ["## Curves", "", f"![loss and validation MRR]({image})", "",
                   f"Curve: `{run.store.url_of(CURVES)}`"]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _against(candidates: Any) -> str:
+    """What a ranking was against, where not every entity: sampled and per-query candidates
+    give higher MRRs than full ranking (not comparable with published results)."""
+    if not candidates or candidates in ("all", "all entities"):
+        return ""
+    return f" against {candidates} candidates, not all entities"
