@@ -141,22 +141,30 @@ def test_gpu_training_matches_cpu_training(precision: str) -> None:
 
 @pytest.mark.skipif(HAS_CUDA, reason="this machine has a GPU")
 def test_dask_rank_refusing_its_device_fails_at_once(tmp_path: Path, datasets_root: Path) -> None:
-    """A rank's ConfigError is not retried: every relaunch would fail the same way."""
-    from kgpipe.errors import RunError
+    """A rank's ConfigError is not retried: every relaunch would fail the same way. (On a
+    cluster started here the run is refused before anything is written; an existing
+    scheduler's workers are other hosts, whose GPUs only a rank there sees.)"""
+    from distributed import LocalCluster
+
+    from kgpipe.errors import ConfigError, RunError
     from kgpipe.pipeline import train
 
-    cfg = RunConfig.model_validate(
-        {
-            "run": {"root": str(tmp_path), "name": "dev"},
-            "data": {"dataset": "umls", "root": str(datasets_root)},
-            "model": {"name": "distmult", "dim": 16},
-            "training": {"epochs": 1, "device": "cuda"},
-            "distributed": {"launch": "dask", "workers": 1},
-            "fault_tolerance": {"max_restarts": 3, "restart_backoff_s": 30},
-        }
-    )
-    with pytest.raises(RunError, match="torch sees no CUDA GPU") as info:
-        train(cfg)
+    data = {
+        "run": {"root": str(tmp_path), "name": "dev"},
+        "data": {"dataset": "umls", "root": str(datasets_root)},
+        "model": {"name": "distmult", "dim": 16},
+        "training": {"epochs": 1, "device": "cuda"},
+        "distributed": {"launch": "dask", "workers": 1},
+        "fault_tolerance": {"max_restarts": 3, "restart_backoff_s": 30},
+    }
+    with pytest.raises(ConfigError, match="torch sees no CUDA GPU"):
+        train(RunConfig.model_validate(data))
+    assert not (tmp_path / "dev").exists()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None, host="127.0.0.1") as outside:  # fmt: skip
+        data["distributed"] = {**data["distributed"], "cluster": outside.scheduler_address}
+        with pytest.raises(RunError, match="torch sees no CUDA GPU") as info:
+            train(RunConfig.model_validate(data))
     assert "rank 0 on worker" in str(info.value) and "restart" not in str(info.value)
 
 
@@ -246,3 +254,28 @@ def test_retain_freed_memory_stops_refaulting_large_blocks() -> None:
     pages = 5 * (128 << 20) // 4096
     assert faults["system"] >= 0.9 * pages, faults
     assert faults["retain"] <= 0.1 * pages, faults
+
+
+def test_where_the_ranks_train_is_checked_before_anything_is_written(tmp_path: Path) -> None:
+    """A scheduler that does not answer (it took a 30-s timeout after staging) and a cuda
+    cluster without dask-cuda were refused after the run folder was staged, so the corrected
+    command found a run of that name and asked for --resume or --overwrite."""
+    import importlib.util
+
+    from kgpipe.errors import ConfigError
+    from kgpipe.pipeline import train
+
+    def config(**distributed: object) -> RunConfig:
+        return RunConfig.model_validate({
+            "run": {"root": str(tmp_path), "name": "placed"}, "data": {"dataset": "umls"},
+            "model": {"name": "distmult", "dim": 8}, "training": {"epochs": 1},
+            "distributed": distributed,
+        })  # fmt: skip
+
+    for address in ("tcp://127.0.0.1:9", "127.0.0.1:9"):
+        with pytest.raises(ConfigError, match=r"Dask scheduler cannot be reached \(connection"):
+            train(config(cluster=address))
+    if importlib.util.find_spec("dask_cuda") is None:
+        with pytest.raises(ConfigError, match="needs dask-cuda"):
+            train(config(cluster="cuda"))
+    assert not (tmp_path / "placed").exists()

@@ -72,9 +72,37 @@ def run_lease(config: RunConfig, *, holder: str) -> RunLease:
     return RunLease(store, ttl_s=config.fault_tolerance.lease_ttl_s, holder=holder)
 
 
+def _check_placement(config: RunConfig) -> None:
+    """Where the ranks would train, checked before anything is written (a run refused after
+    staging left its folder, which the corrected command then found existing): dask-cuda for
+    ``cluster: cuda``, a GPU for ``device: cuda`` on a cluster started here, and a scheduler
+    address that answers (instead of a 30-s timeout after staging)."""
+    import importlib.util
+
+    from kgpipe.distributed.clusters import CLUSTERS, is_address
+    from kgpipe.endpoints import tcp_problem
+
+    cluster = config.distributed.cluster
+    if cluster == "cuda" and importlib.util.find_spec("dask_cuda") is None:
+        raise ConfigError("distributed.cluster=cuda needs dask-cuda: pip install 'kgpipe[gpu]'")
+    if config.training.device == "cuda" and cluster in CLUSTERS:
+        from kgpipe.devices import resolve_device
+
+        resolve_device("cuda")  # a ConfigError naming torch's build where it sees no GPU
+    scheme = cluster.split("://", 1)[0] if "://" in cluster else "tcp"
+    if cluster not in CLUSTERS and is_address(cluster) and scheme == "tcp":
+        host = cluster.split("://", 1)[-1]
+        problem = tcp_problem(host if ":" in host.rstrip("/") else f"{host}:8786")
+        if problem:
+            raise ConfigError(
+                f"distributed.cluster={cluster}: the Dask scheduler cannot be reached ({problem})"
+            )
+
+
 def _check_trainable(config: RunConfig) -> None:
     """What a run may not train with, refused where it starts or resumes, not wherever a
     config is read: a finished run that has it is still read (evaluate, predict, export)."""
+    _check_placement(config)
     if config.evaluation.patience and not config.checkpoint.keep_best:
         raise ConfigError(
             "checkpoint.keep_best=false with evaluation.patience: under early stopping the "
