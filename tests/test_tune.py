@@ -20,6 +20,7 @@ import pytest
 import yaml
 from cli_support import run_cli
 
+from kgpipe.config import RunConfig
 from kgpipe.config.io import load_config, parse_config
 from kgpipe.errors import ConfigError, KgpipeError, RunError, SearchStopped
 from kgpipe.runs.read import evaluate_run
@@ -253,6 +254,19 @@ def test_a_relative_sqlite_storage_is_made_absolute(
     assert settings.storage == f"sqlite:///{tmp_path / 'rel.db'}?timeout=5"
     for kept in ("sqlite:////abs/s.db", "postgresql://u:p@host/db", "sqlite://"):
         assert TuneSettings(root=str(tmp_path), storage=kept).storage == kept
+
+
+def test_a_trial_keeps_the_base_configs_credentials() -> None:
+    """The JSON form of a config leaves out storage credentials, so every trial of a base
+    that reads S3 data with a key and secret lost them (and failed)."""
+    options = {"key": "k", "secret": "s", "client_kwargs": {"endpoint_url": "http://h:9000"}}
+    base = base_config(run={"storage_options": options}, data={"storage_options": options})
+    trial = trial_config(base, {"training.lr": 0.05})
+    assert trial.run.storage_options == options and trial.data.storage_options == options
+    shipped = RunConfig.model_validate(trial.model_dump(mode="json"))  # as a worker reads it
+    assert "secret" not in shipped.run.storage_options
+    restored = shipped.with_storage_options(trial.given_storage_options())
+    assert restored.data.storage_options == options and restored == trial
 
 
 def test_durations() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+from typing import Any
 
 from pydantic import Field, model_validator
 
@@ -107,3 +108,17 @@ class RunConfig(Frozen):
         dataset = self.data.dataset or "custom"
         name = f"{self.model.name}-{dataset}-{stamp}"
         return self.model_copy(update={"run": self.run.model_copy(update={"name": name})})
+
+    def given_storage_options(self) -> dict[str, dict[str, Any]]:
+        """``run`` and ``data`` storage options as given (credentials included: the JSON form
+        redacts them), for :meth:`with_storage_options` where the config travels as JSON."""
+        return {"run": dict(self.run.storage_options), "data": dict(self.data.storage_options)}
+
+    def with_storage_options(self, options: dict[str, dict[str, Any]]) -> RunConfig:
+        """A copy with the ``run`` and ``data`` storage options of :meth:`given_storage_options`."""
+        return self.model_copy(
+            update={
+                "run": self.run.model_copy(update={"storage_options": options["run"]}),
+                "data": self.data.model_copy(update={"storage_options": options["data"]}),
+            }
+        )

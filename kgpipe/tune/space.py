@@ -365,11 +365,12 @@ def read_space(url: str) -> SearchSpace:
 
 
 def trial_config(base: RunConfig, values: Mapping[str, Any], *, source: str = "trial") -> RunConfig:
-    """``base`` with ``values`` (config key -> value) set, validated as any config is."""
+    """``base`` with ``values`` (config key -> value) set, validated as any config is (with
+    the base's storage options: the JSON form left out its credentials)."""
     tree = copy.deepcopy(base.model_dump(mode="json"))
     for key, value in values.items():
         set_key(tree, key, value)
-    return parse_config(tree, source=source)
+    return parse_config(tree, source=source).with_storage_options(base.given_storage_options())
 
 
 def describe_values(values: Mapping[str, Any]) -> str:

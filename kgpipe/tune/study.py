@@ -103,6 +103,7 @@ def _spec(folder: StudyFolder, trial: Any, config: RunConfig) -> TrialSpec:
         number=trial.number,
         trial_id=trial._trial_id,
         config=config.model_dump(mode="json"),
+        storage_options=config.given_storage_options(),
         study_name=folder.name,
         storage=folder.storage,
         pruner={**folder.settings.model_dump(mode="json"), "first_step": first, "max_step": last},

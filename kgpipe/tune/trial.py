@@ -37,6 +37,8 @@ class TrialSpec:
     study_name: str
     storage: str  # Optuna RDB URL
     pruner: dict[str, Any] = field(default_factory=dict)  # TuneSettings fields + steps
+    #: the run and data storage options with their credentials (the JSON config has none)
+    storage_options: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -158,7 +160,10 @@ def run_trial(spec: TrialSpec) -> TrialOutcome:
     t0 = time.perf_counter()
     out = TrialOutcome(spec.number, "fail")
     try:
-        config = _sized(RunConfig.model_validate(spec.config))
+        config = RunConfig.model_validate(spec.config)
+        if spec.storage_options is not None:
+            config = config.with_storage_options(spec.storage_options)
+        config = _sized(config)
         pruned: dict[str, Any] = {"at": None, "trial": None}
 
         def stop(history: list[dict[str, Any]]) -> bool:
