@@ -528,6 +528,26 @@ def test_a_pinned_thread_count_holds_on_a_gang(tmp_path: Path) -> None:
     assert seen.read_text() == "1"
 
 
+def _queues(dask_scheduler: Any) -> list[str]:
+    return list(dask_scheduler.extensions["queues"].queues)
+
+
+def test_an_existing_scheduler_keeps_no_progress_queue_of_a_run(tmp_path: Path) -> None:
+    """Every gang's progress queue stayed on a scheduler kgpipe did not start (one a
+    segment, and the test ranking's): the driver and rank 0 now close theirs."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=None, host="127.0.0.1") as outside:  # fmt: skip
+        data = {"run": {"seed": 3, "root": str(tmp_path), "name": "q"},
+                "data": {"dataset": "umls"}, "model": {"name": "distmult", "dim": 8},
+                "training": {"epochs": 2}, "evaluation": {"every": 1},
+                "distributed": {"workers": 1, "cluster": outside.scheduler_address}}  # fmt: skip
+        train(parse_config(data))
+        with Client(outside.scheduler_address) as client:
+            assert client.run_on_scheduler(_queues) == []
+
+
 def _threads_here() -> tuple[str | None, int]:
     return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
 

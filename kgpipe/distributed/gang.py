@@ -9,6 +9,7 @@ collective are released by the collective timeout or by their peer's closed conn
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -207,6 +208,10 @@ def launch_gang(
     except BaseException:
         client.cancel(futures, force=True)
         raise
+    finally:  # the scheduler drops a queue once every holder closed it (it kept each gang's)
+        if events is not None:
+            with contextlib.suppress(Exception):
+                events.close()
 
 
 def _dead_rank(client: Client, workers: list[str], poll_s: float) -> int | None:

@@ -88,6 +88,9 @@ class Reporter(Callback):
              "steps_per_epoch": trainer.steps_per_epoch, "epochs": trainer.epochs}
         )  # fmt: skip
 
+    def on_train_end(self, trainer: TrainerView) -> None:
+        self.queue.close()  # the scheduler drops the queue once the driver closed it too
+
     def on_batch_end(
         self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
     ) -> None:

@@ -83,6 +83,7 @@ def _test(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any
     if spec.start_epoch is None:
         raise CheckpointError(f"{run.url}: no checkpoint named to rank the test split of")
     shared = shared_triples(run, spec.world_size)
+    progress: _Progress | None = None
     try:
         data = run.staged(triples=shared.tensor if shared is not None else None)
         shard_map = ShardMap.build(
@@ -120,6 +121,8 @@ def _test(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any
     finally:
         if shared is not None:
             shared.close()
+        if progress is not None:  # the scheduler drops the queue once the driver closed it
+            progress.queue.close()
     if not lead:
         return None
     results["ranked_by"], results["ranks"] = "gang", spec.world_size
