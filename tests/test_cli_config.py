@@ -290,3 +290,17 @@ def test_yaml_shapes_a_user_writes_by_mistake_or_on_purpose(tmp_path: Path) -> N
     )
     assert config.run.storage_options["client_kwargs"]["endpoint_url"] == "http://a:9000"
     assert config.data.storage_options["client_kwargs"]["endpoint_url"] == "http://b:9000"
+
+
+def test_a_regularizer_without_a_weight_is_refused_where_a_run_starts(tmp_path: Path) -> None:
+    """`regularizer: {type: n3}` took the default weight 0 and trained with no penalty, without
+    a word. A run read back (evaluate, predict) is not refused."""
+    from kgpipe.errors import ConfigError
+    from kgpipe.pipeline import train
+
+    data = {"run": {"root": str(tmp_path), "name": "r"}, "data": {"dataset": "umls"},
+            "model": {"regularizer": {"type": "n3"}}}  # fmt: skip
+    config = parse_config(data)  # a config that says it is still read
+    with pytest.raises(ConfigError, match=r"type=n3 with weight 0 penalises nothing"):
+        train(config)
+    assert not (tmp_path / "r").exists()

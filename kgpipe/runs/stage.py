@@ -103,6 +103,12 @@ def _check_trainable(config: RunConfig) -> None:
     """What a run may not train with, refused where it starts or resumes, not wherever a
     config is read: a finished run that has it is still read (evaluate, predict, export)."""
     _check_placement(config)
+    reg = config.model.regularizer
+    if reg.type != "none" and not reg.weight:
+        raise ConfigError(
+            f"model.regularizer.type={reg.type} with weight 0 penalises nothing: give "
+            "model.regularizer.weight (e.g. 0.01), or type none"
+        )
     if config.evaluation.patience and not config.checkpoint.keep_best:
         raise ConfigError(
             "checkpoint.keep_best=false with evaluation.patience: under early stopping the "
