@@ -9,17 +9,15 @@ per side.
 
 On the CPU, against more entities than a block (:data:`BLOCK`, 8,192), a chunk of queries is
 scored one block of candidates at a time, and the better and equal candidates are counted per
-block. The target's score, from a small product against the targets' rows, is checked against
-its column in its block; where the two differ (another kernel, another rounding) that chunk and
-the rest are ranked against the whole matrix instead. Peak memory is about
-``batch_size x BLOCK x 4`` bytes of scores (x num_entities on a fallback), whatever the size
-of the evaluation set. A GPU scores the whole matrix at once (on an H100
-blocks, meant for the CPU's caches, made the FB15k-237 test 2x slower: more, smaller kernels).
+block. The target's score is checked against its column in its block; where they differ
+(another kernel, another rounding) that chunk and the rest are ranked on the whole matrix.
+Peak memory: about ``batch_size x BLOCK x 4`` bytes of scores (``x num_entities`` on a fallback,
+and in sampled mode, which scores every entity), whatever the size of the evaluation set. A GPU
+scores the whole matrix (on an H100 blocks made the FB15k-237 test 2x slower).
 
-A *sampled* mode ranks each query against ``k`` random entities instead of all; its numbers are
-not comparable to published results and are labelled ``"candidates": "sampled-k"``. The
-OGB-style protocol gives every query its own fixed candidates instead
-(:mod:`kgpipe.query_candidates`, labelled ``"per-query-k"``).
+A *sampled* mode ranks each query against ``k`` random entities instead of all (not comparable
+to published results; labelled ``"candidates": "sampled-k"``). The OGB-style protocol gives
+every query its own fixed candidates (:mod:`kgpipe.query_candidates`, ``"per-query-k"``).
 
 *Split over the ranks of a gang* (``part=(rank, world)``, a process group initialised): each
 rank scores every query against its own range of entity ids only, counts the better and equal
@@ -249,19 +247,21 @@ def _scores(
 
 def _blocked_ranks(model: KGEModel, side: str, chunk: Tensor, index: FilterIndex) -> Tensor | None:
     """This chunk's realistic ranks against all entities, scored :data:`BLOCK` candidates at a
-    time: the counting stays in cache-sized blocks instead of passes over a ``(b, entities)``
-    matrix. The target's score comes from a small product against the targets' rows, and is
-    checked against the target's column of its block: ``None`` (the caller then scores the
-    whole matrix) wherever the two differ. The ranks equal :func:`realistic_ranks` on the whole
-    matrix where a block's products round like the whole matrix's (the CPU kernels do: tested
-    against brute force; a GPU library may pick another kernel per shape)."""
+    time (cache-sized blocks, not passes over a ``(b, entities)`` matrix). The target's score
+    comes from a product against the targets' rows, checked against its column of its block:
+    ``None`` (the caller then scores the whole matrix) wherever they differ. The ranks equal
+    :func:`realistic_ranks` on the whole matrix where a block's products round like it (the
+    CPU kernels do: tested against brute force; a GPU library may pick a kernel per shape)."""
     dev = model.entity.device
     n = model.spec.num_entities
     targets = (chunk[:, 2] if side == "tail" else chunk[:, 0]).to(dev)
     anchors = chunk[:, 0] if side == "tail" else chunk[:, 2]
     b = chunk.shape[0]
     rows = torch.arange(b, device=dev)
-    true = _scores(model, side, chunk, targets)[rows, rows]
+    true = torch.cat([  # (b, BLOCK) products, as the blocks: no (b, b) one (1.5 GiB at b=20k)
+        _scores(model, side, chunk, targets[lo : lo + BLOCK]).diagonal(-lo)
+        for lo in range(0, b, BLOCK)
+    ])  # fmt: skip
     lift = lift_neg_inf(true, when=true)  # an answer at -inf: every block lifted alike
     col = true.unsqueeze(1)
     f_rows, f_cols = index.answers(side, anchors, chunk[:, 1])

@@ -150,9 +150,12 @@ def _blocked_ranks(
     own, cols = locate(targets)
     mine, tcols = torch.arange(b, device=dev)[own], cols[own]
     true = torch.zeros(b, dtype=torch.float32, device=dev)
-    if mine.numel():  # every query against the targets it holds: the blocks' row count
-        small = _scores(model, side, rows, rd, model.entity[tcols]).float()
-        true[mine] = small[mine, torch.arange(mine.numel(), device=dev)]
+    # every query against the targets it holds (the blocks' row count), BLOCK targets at a
+    # time: no (b, targets) matrix
+    for lo in range(0, int(mine.numel()), BLOCK):
+        some = mine[lo : lo + BLOCK]
+        small = _scores(model, side, rows, rd, model.entity[tcols[lo : lo + BLOCK]]).float()
+        true[some] = small[some, torch.arange(some.numel(), device=dev)]
     dist.all_reduce(true)  # one value and zeros: the sum is that value, exactly
     lift = lift_neg_inf(true, when=true)  # an answer at -inf: every block lifted alike
     col = true.unsqueeze(1)
