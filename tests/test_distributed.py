@@ -528,6 +528,32 @@ def test_a_pinned_thread_count_holds_on_a_gang(tmp_path: Path) -> None:
     assert seen.read_text() == "1"
 
 
+def _trains_until_cancelled() -> str:
+    from types import SimpleNamespace
+
+    from kgpipe.launch.rank import CancelWatch
+
+    watch, view = CancelWatch(), SimpleNamespace(rank=0)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # a rank's batches
+        time.sleep(0.01)
+        watch.on_batch_end(view, 1, 1, 10, 0.0)  # type: ignore[arg-type]
+    return "trained on"
+
+
+def test_a_cancelled_rank_stops_and_frees_its_worker() -> None:
+    """Dask cannot stop a running thread: a cancelled rank trained on to its next commit
+    (Ctrl-C on an existing scheduler: 40 s more), holding its worker's only thread while the
+    relaunch's rank waited behind it. It now stops at its next batch."""
+    with open_cluster("local", workers=1, threads_per_worker=1) as client:
+        rank = client.submit(_trains_until_cancelled, pure=False)
+        time.sleep(1.0)
+        client.cancel(rank, force=True)
+        t0 = time.monotonic()
+        assert client.submit(int, "7", pure=False).result(timeout=30) == 7
+        assert time.monotonic() - t0 < 10  # (it waited the 60 s out before)
+
+
 def _queues(dask_scheduler: Any) -> list[str]:
     return list(dask_scheduler.extensions["queues"].queues)
 

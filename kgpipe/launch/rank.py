@@ -29,7 +29,7 @@ from kgpipe.data.shared_triples import SharedTriples, open_shared
 from kgpipe.devices import process_group_backend, resolve_device
 from kgpipe.distributed.comm import Comm, EpochExchange, StepExchange
 from kgpipe.distributed.sharded import ShardedExchange, ShardMap
-from kgpipe.errors import CheckpointError, Fenced
+from kgpipe.errors import CheckpointError, Fenced, RunError
 from kgpipe.launch.build import build_trainer, splits_validation
 from kgpipe.process import ThreadGovernor, configure
 from kgpipe.runs.folder import RunFolder
@@ -68,6 +68,33 @@ class RankSpec:
             f"RankSpec(rank={self.rank}, world_size={self.world_size}, "
             f"run_url={self.run.get('url')!r}, start_epoch={self.start_epoch}, until={self.until})"
         )
+
+
+class CancelWatch(Callback):
+    """Stops a rank whose task its driver cancelled (Ctrl-C, a failed peer, a relaunch): Dask
+    cannot stop a running thread, so the rank trained on to its next commit, holding its
+    worker's thread while the relaunch waited behind it (its rendezvous timed out). It reads
+    the worker's own state of its task, at most every 0.25 s; a peer blocked in a collective
+    is released by the closed connection."""
+
+    def __init__(self) -> None:
+        try:
+            self.worker: Any = get_worker()
+            self.key = self.worker.get_current_task()
+        except ValueError:  # not in a worker
+            self.worker = None
+        self.last = 0.0
+
+    def on_batch_end(
+        self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
+    ) -> None:
+        now = time.monotonic()
+        if self.worker is None or now - self.last < 0.25:
+            return
+        self.last = now
+        task = self.worker.state.tasks.get(self.key)
+        if task is None or task.state not in ("executing", "long-running"):
+            raise RunError(f"rank {trainer.rank}: its task was cancelled by the driver")
 
 
 class Reporter(Callback):
@@ -319,7 +346,7 @@ def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, An
             records=lead,
             recorder=Reporter(spec.queue) if lead and spec.queue else None,
             governor=governor,
-            rank_callbacks=spec.rank_callbacks,
+            rank_callbacks=[CancelWatch(), *spec.rank_callbacks],
             state=state,
             restarts=spec.restarts,
             fence=_driver_fence(spec.driver_pid),
