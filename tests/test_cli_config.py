@@ -299,8 +299,15 @@ def test_a_regularizer_without_a_weight_is_refused_where_a_run_starts(tmp_path: 
     from kgpipe.pipeline import train
 
     data = {"run": {"root": str(tmp_path), "name": "r"}, "data": {"dataset": "umls"},
-            "model": {"regularizer": {"type": "n3"}}}  # fmt: skip
+            "model": {"dim": 8, "regularizer": {"type": "n3"}}, "training": {"epochs": 1}}  # fmt: skip
     config = parse_config(data)  # a config that says it is still read
     with pytest.raises(ConfigError, match=r"type=n3 with weight 0 penalises nothing"):
         train(config)
     assert not (tmp_path / "r").exists()
+    import kgpipe.runs.stage as stage  # a run started before the check goes on as it was
+
+    with pytest.MonkeyPatch.context() as patched:
+        patched.setattr(stage, "_check_new_run", lambda _config: None)
+        train(config)
+    data["training"] = {"epochs": 2}
+    assert train(parse_config(data), resume=True).history[-1].epoch == 2

@@ -192,6 +192,11 @@ def test_a_background_commit_that_does_not_fit_is_written_in_the_foreground() ->
     with pytest.raises(ConfigError, match="memory limit"):
         check_training_gang(config, worker(m.total - m.checkpoint), segment=(4, 5), **sizes)
     assert check_training_gang(config, worker(m.total), segment=(4, 5), **sizes) is config
+    # a warm start commits an epoch-0 checkpoint, which its ranks read: counted too
+    with pytest.raises(ConfigError, match="memory limit"):
+        check_training_gang(
+            config, worker(m.total - m.checkpoint), segment=(0, 1), resumed=True, **sizes
+        )
     every5 = _config(
         model={"name": "transe", "dim": 1000},
         distributed={"workers": 2, "strategy": "sharded", "entity_shards": 4},

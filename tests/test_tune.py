@@ -178,6 +178,10 @@ def test_a_floor_sets_the_draws_below_it_to_it_as_libkge_reads_a_negative_dropou
             "training.margin: {uniform: [0.5, 2], when: {training.loss: margn}}",
             "which the space never gives it",
         ),
+        # bounds whose difference is a multiple of 8 (the first check's test value was whole)
+        ("model.dim: {uniform: [64, 512]}", "use int: [low, high]"),
+        ("training.batch_size: {uniform: [256, 2048]}", "use int: [low, high]"),
+        ("model.dim: {uniform: [64, 512], step: 0.5}", "use int: [low, high]"),
         ("model.regularizer: {choices: [n3]}", "model.regularizer is a section, not a key"),
         ("training:\n  lr: {uniform: [0.1, 1]}", "training is a section, not a key"),
     ],
@@ -236,6 +240,23 @@ def test_unreadable_space_files_are_one_line_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match=re.escape(message)) as err:
             read_space(url)
         assert "\n" not in str(err.value)
+
+
+def test_a_narrowed_space_keeps_an_alternative_no_trial_takes() -> None:
+    """An alternative whose conditions no trial meets is refused only where no alternative of
+    its key is left (one dead alternative with two dead conditions counted twice); a stored
+    study's space is read back without the check (a study from before it must open)."""
+    narrowed = SearchSpace.from_yaml(
+        "model.name: {choices: [complex]}\ntraining.optimizer: {choices: [adam]}\n"
+        "training.lr:\n"
+        "  - {loguniform: [1.0e-4, 0.1], when: {model.name: [distmult], training.optimizer: [sgd]}}\n"
+        "  - {loguniform: [1.0e-3, 0.1], when: {model.name: [complex]}}\n"
+    )
+    check_space(narrowed, base_config())
+    dead = "training.loss: {choices: [softplus]}\ntraining.margin: {uniform: [0.5, 2], when: {training.loss: margin}}"
+    SearchSpace.from_yaml(dead, "space.yaml")  # read back: no error
+    with pytest.raises(ConfigError, match="which the space never gives it"):
+        check_space(SearchSpace.from_yaml(dead, "space.yaml"), base_config())
 
 
 def test_bounds_written_as_yaml_reads_them() -> None:

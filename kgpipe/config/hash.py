@@ -26,7 +26,9 @@ __all__ = [
 RESUMABLE_CHANGES = ("distributed", "checkpoint", "fault_tolerance", "evaluation", "tracking")
 
 
-def hashed_view(config: RunConfig, *, sampled_under_patience: bool = True) -> dict[str, Any]:
+def hashed_view(
+    config: RunConfig, *, sampled_under_patience: bool = True, lossy: bool = True
+) -> dict[str, Any]:
     """The part of ``config`` that determines the trained parameters, as plain data: everything
     but the run's placement (``run.root``, ``run.name``, storage options), the process settings
     and :data:`RESUMABLE_CHANGES` (less ``evaluation.every`` and ``.sampled`` under the plateau
@@ -77,8 +79,8 @@ def hashed_view(config: RunConfig, *, sampled_under_patience: bool = True) -> di
         data["data"]["header"] = False
     if not config.model.dropout.active:  # runs from before dropout existed keep their hash
         data["model"].pop("dropout", None)
-    if lossy := lossy_distribution(config):  # only where set: other runs keep their hash
-        data["distributed"] = lossy
+    if lossy and (settings := lossy_distribution(config)):  # only where set: others keep
+        data["distributed"] = settings  # their hash
     return data
 
 
@@ -107,9 +109,14 @@ def config_hash(config: RunConfig, **view: bool) -> str:
 
 def config_hashes(config: RunConfig) -> set[str]:
     """Every hash ``config`` has had: :func:`config_hash`, and as kgpipe hashed it before
-    ``evaluation.sampled`` counted under ``evaluation.patience`` (a retrain series recorded
-    with the older one is the same recipe)."""
-    return {config_hash(config), config_hash(config, sampled_under_patience=False)}
+    ``evaluation.sampled`` counted under ``evaluation.patience`` and before
+    :func:`lossy_distribution` counted (a retrain series recorded with an older one is the same
+    recipe)."""
+    return {
+        config_hash(config, sampled_under_patience=a, lossy=b)
+        for a in (True, False)
+        for b in (True, False)
+    }
 
 
 def _leaves(node: Any, prefix: str = "") -> dict[str, Any]:

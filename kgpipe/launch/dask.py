@@ -200,11 +200,11 @@ class DaskLauncher:
             queue = f"kgpipe-progress-{uuid.uuid4().hex[:12]}"
             if world > 1:  # NCCL refuses two ranks on one GPU: say so before the gang fails
                 _check_devices(client, config)
-            # one rank must fit a worker: refused here, not killed by its nanny mid-epoch
-            launched = check_training_gang(
+            launched = check_training_gang(  # refused here, not killed by a nanny mid-epoch
                 config, gang_workers(client, config), segment=(start, until),
-                world=world, num_entities=run.num_entities, num_relations=run.num_relations,
-                num_train=run.num_train, valid_candidates=run.candidate_shape("valid"),
+                resumed=found is not None, world=world, num_entities=run.num_entities,
+                num_relations=run.num_relations, num_train=run.num_train,
+                valid_candidates=run.candidate_shape("valid"),
             )  # fmt: skip
             make_spec = functools.partial(
                 self._spec, queue=queue, world=world, start=found.epoch if found else None,

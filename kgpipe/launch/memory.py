@@ -283,6 +283,7 @@ def check_training_gang(
     workers: dict[str, dict[str, Any]],
     *,
     segment: tuple[int, int],
+    resumed: bool = False,
     **sizes: Any,
 ) -> RunConfig:
     """:func:`check_gang_memory` for a gang that trains the epochs after ``segment[0]`` up to
@@ -298,7 +299,8 @@ def check_training_gang(
         config.model_copy(update={"checkpoint": c.model_copy(update={"background": b})})
         for b in (False, True)
     )
-    counted = copied if start else foreground  # (measured on a resumed rank: +402 MiB)
+    # ``resumed``: the ranks read a checkpoint (a warm start's epoch 0 too): +402 MiB measured
+    counted = copied if resumed or start else foreground
     if c.background and any(e % c.every == 0 for e in range(start + 1, until)):
         try:
             check_gang_memory(config, workers, **sizes)

@@ -99,16 +99,20 @@ def _check_placement(config: RunConfig) -> None:
             )
 
 
-def _check_trainable(config: RunConfig) -> None:
-    """What a run may not train with, refused where it starts or resumes, not wherever a
-    config is read: a finished run that has it is still read (evaluate, predict, export)."""
-    _check_placement(config)
+def _check_new_run(config: RunConfig) -> None:
+    """What a new run may not start with (a run started before the check resumes as it was)."""
     reg = config.model.regularizer
     if reg.type != "none" and not reg.weight:
         raise ConfigError(
             f"model.regularizer.type={reg.type} with weight 0 penalises nothing: give "
             "model.regularizer.weight (e.g. 0.01), or type none"
         )
+
+
+def _check_trainable(config: RunConfig) -> None:
+    """What a run may not train with, refused where it starts or resumes, not wherever a
+    config is read: a finished run that has it is still read (evaluate, predict, export)."""
+    _check_placement(config)
     if config.evaluation.patience and not config.checkpoint.keep_best:
         raise ConfigError(
             "checkpoint.keep_best=false with evaluation.patience: under early stopping the "
@@ -133,6 +137,7 @@ def preflight(
         return check_resumable(store, config).config
     if exists and not overwrite and is_staged(store):  # (one whose staging stopped: again)
         raise run_exists_error(store.url)
+    _check_new_run(config)
     versions = file_versions(config.data) if keep else None
     dataset = load_dataset(config.data, retry=retry_policy(config))
     if keep:
@@ -195,6 +200,7 @@ def prepare_run(
         # staging stopped before its end (data.json, written last): nothing a run made is
         # there, so it is staged again (a retried staging task found its own folder "exists")
         say(f"{store.url}: staging had not finished; staging again")
+    _check_new_run(config)
     # input errors: before writes; a pre-flight check in this process may have parsed it
     dataset = take_parsed(config.data) or load_dataset(config.data, retry=retry_policy(config))
     say(dataset.summary())

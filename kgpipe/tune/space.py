@@ -33,7 +33,6 @@ from kgpipe.config import RunConfig
 from kgpipe.config.io import load_yaml, parse_config
 from kgpipe.config.keys import config_keys, suggest_key
 from kgpipe.errors import ConfigError
-from kgpipe.tune.space_conditions import check_conditions
 
 __all__ = [
     "Param",
@@ -277,7 +276,6 @@ class SearchSpace:
                 params += [_param(source, key, f"{key}#{i}", s) for i, s in enumerate(spec)]
             else:
                 params.append(_param(source, key, key, spec))
-        check_conditions(params, source)
         return cls(tuple(params), source, dict(data))
 
     @classmethod

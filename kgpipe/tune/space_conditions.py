@@ -16,6 +16,8 @@ class Entry(Protocol):
     @property
     def key(self) -> str: ...
     @property
+    def name(self) -> str: ...
+    @property
     def choices(self) -> tuple[Any, ...]: ...
     @property
     def when(self) -> tuple[tuple[str, tuple[Any, ...]], ...]: ...
@@ -25,7 +27,7 @@ def check_conditions(params: Sequence[Entry], source: str) -> None:
     """Refuse a ``when`` naming a key set below it (it read the base's value in every trial),
     and an entry no trial can sample (a value its key's choices never give: a typo), unless
     another alternative of its key can be (a narrowed space leaves some alternatives out)."""
-    dead: dict[str, list[str]] = {}
+    dead: dict[str, dict[str, str]] = {}  # key -> its entries no trial samples -> why
     for i, param in enumerate(params):
         for wkey, allowed in param.when:
             if any(p.key == wkey for p in params[i:]):
@@ -36,10 +38,11 @@ def check_conditions(params: Sequence[Entry], source: str) -> None:
             above = [p for p in params[:i] if p.key == wkey]
             given = above[0].choices if len(above) == 1 and not above[0].when else ()
             if given and not any(a == c for a in allowed for c in given):
-                dead.setdefault(param.key, []).append(
+                dead.setdefault(param.key, {}).setdefault(
+                    param.name,
                     f"`when` asks for {wkey} in {list(allowed)}, which the space never gives "
-                    f"it (its values: {list(given)})"
+                    f"it (its values: {list(given)})",
                 )
     for key, why in dead.items():
         if len(why) == sum(p.key == key for p in params):  # none of its entries is sampled
-            raise ConfigError(f"{source}: {key}: {why[0]}")
+            raise ConfigError(f"{source}: {key}: {next(iter(why.values()))}")
