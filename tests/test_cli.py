@@ -451,4 +451,5 @@ def test_the_cli_names_the_files_and_the_unfiltered_ranking(
     code, out, err = run_cli(["evaluate", str(tmp_path / "run")], capsys)
     assert code == 0, err
     assert "unfiltered" in out + err and "from data.candidates files" in out + err
-    assert "| metric (test, unfiltered) |" in (tmp_path / "run" / "report.md").read_text()
+    report = (tmp_path / "run" / "report.md").read_text()
+    assert "| metric (test, unfiltered against files-7 candidates, not all entities) |" in report

@@ -135,9 +135,13 @@ def _worker_setup() -> dict[str, object]:
     }
 
 
-def test_local_cluster_workers_are_set_up_for_training() -> None:
+def test_local_cluster_workers_are_set_up_for_training(monkeypatch: pytest.MonkeyPatch) -> None:
     """What the worker processes of our LocalCluster actually run with: quiet event-loop
-    housekeeping, no statistical profiler, malloc left alone, one torch thread share."""
+    housekeeping, no statistical profiler, malloc left alone, one torch thread share -- also
+    after a plain Dask LocalCluster in this process, whose nanny wrote Dask's malloc setting
+    into os.environ for good (every later worker inherited it: CI found it after a test
+    started one)."""
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # what such a nanny leaves
     cfg = parse_config({**BASE, "distributed": {"workers": 2}}).distributed
     with open_cluster(cfg.cluster, workers=cfg.workers) as client:
         seen = client.run(_worker_setup)

@@ -67,6 +67,17 @@ def worker_threads(workers: int, threads_per_worker: int | None, cores: int | No
     return max(1, (cores or available_cores()) // workers)
 
 
+def _drop_dask_malloc_trim() -> None:
+    """Any Dask nanny started earlier in this process (a plain LocalCluster in a notebook, a
+    flow, a test) wrote Dask's ``MALLOC_TRIM_THRESHOLD_=65536`` into ``os.environ`` before
+    spawning its worker, for good; every worker spawned later inherited it, ours too (see
+    :func:`worker_environ`). Dask's own value is removed; a user's other value stays."""
+    import os
+
+    if os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536":
+        del os.environ["MALLOC_TRIM_THRESHOLD_"]
+
+
 def worker_environ(threads: int) -> dict[str, str]:
     """Environment of the worker processes we start.
 
@@ -156,6 +167,7 @@ class Local(ClusterKind):
             "distributed.worker.profile.enabled": False,
             **QUIET_WORKER_CONFIG,
         }
+        _drop_dask_malloc_trim()
         with dask.config.set(settings):
             return LocalCluster(**cluster_kwargs(workers, memory_limit))
 
@@ -190,6 +202,7 @@ class Cuda(ClusterKind):
             "distributed.worker.profile.enabled": False,
             **QUIET_WORKER_CONFIG,
         }
+        _drop_dask_malloc_trim()
         with dask.config.set(settings):
             extra = {} if memory_limit is None else {"memory_limit": memory_limit}
             return LocalCUDACluster(n_workers=workers, **extra)
