@@ -1,4 +1,4 @@
-"""The conditions (``when``) of a search space's entries, checked as the space is read."""
+"""The conditions (``when``) of a search space's entries, checked as a new study is set up."""
 
 from __future__ import annotations
 
