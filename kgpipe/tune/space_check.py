@@ -1,16 +1,17 @@
-"""The check of a search space against its base config, before any trial: a value a key
-cannot take fails at the start, not in every trial."""
+"""The checks of a new study's search space, before any trial: its conditions (``when``), and
+each value against the base config (a value a key cannot take fails at the start, not in every
+trial). A study read back is not checked again (one from before a check must still open)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
-from kgpipe.tune.space import SearchSpace, trial_config
-from kgpipe.tune.space_conditions import check_conditions
+from kgpipe.tune.space import Param, SearchSpace, trial_config
 
-__all__ = ["check_space"]
+__all__ = ["check_conditions", "check_space"]
 
 #: the pruner's step grid: the same for every trial, so from the base config only
 _STEP_GRID = ("evaluation.every", "training.epochs")
@@ -49,3 +50,28 @@ def check_space(space: SearchSpace, base: RunConfig) -> None:
                 if f": {param.key}: " in str(err):
                     hint = f" ({param.key} takes whole numbers: use int: [low, high])"
                     raise ConfigError(f"{err}{hint if value is drawn else ''}") from None
+
+
+def check_conditions(params: Sequence[Param], source: str) -> None:
+    """Refuse a ``when`` naming a key set below it (it read the base's value in every trial),
+    and an entry no trial can sample (a value its key's choices never give: a typo), unless
+    another alternative of its key can be (a narrowed space leaves some alternatives out)."""
+    dead: dict[str, dict[str, str]] = {}  # key -> its entries no trial samples -> why
+    for i, param in enumerate(params):
+        for wkey, allowed in param.when:
+            if any(p.key == wkey for p in params[i:]):
+                raise ConfigError(
+                    f"{source}: {param.key}: its `when` reads {wkey}, which the space sets "
+                    f"below it: put {param.key} after {wkey}"
+                )
+            above = [p for p in params[:i] if p.key == wkey]
+            given = above[0].choices if len(above) == 1 and not above[0].when else ()
+            if given and not any(a == c for a in allowed for c in given):
+                dead.setdefault(param.key, {}).setdefault(
+                    param.name,
+                    f"`when` asks for {wkey} in {list(allowed)}, which the space never gives "
+                    f"it (its values: {list(given)})",
+                )
+    for key, why in dead.items():
+        if len(why) == sum(p.key == key for p in params):  # none of its entries is sampled
+            raise ConfigError(f"{source}: {key}: {next(iter(why.values()))}")
