@@ -11,8 +11,9 @@ time (from a barrier to the last rank's end), each process's peak resident memor
 (equal in every setting). ``--blocks 8192 0`` compares one process's ranking in blocks of
 candidates with the whole matrix at once (``--rounds`` interleaves them). ``--candidates K``
 adds one process's OGB-style ranking, each query against K candidates of its own
-(``evaluation.candidates``; its MRR is not the full protocol's). Results:
-``bench/results/eval_split_<entities>.json``.
+(``evaluation.candidates``; its MRR is not the full protocol's). ``--sampled K`` adds one
+process's sampled ranking, every query against the same K entities (``evaluation.sampled``).
+Results: ``bench/results/eval_split_<entities>.json``.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _rank(
     out: str,
     block: int,
     candidates: int,
+    sampled: int,
 ) -> None:
     import torch
     import torch.distributed as dist
@@ -93,8 +95,9 @@ def _rank(
         t0 = time.perf_counter()
         per_query = QueryCandidates(candidates, split="test") if candidates else None
         m = evaluate(
-            model, test, index, batch_size=args.batch_size, part=(rank, world), candidates=per_query
-        )
+            model, test, index, batch_size=args.batch_size, part=(rank, world),
+            candidates=per_query, sampled=sampled or None,
+        )  # fmt: skip
         dist.barrier()
         seconds = time.perf_counter() - t0
     finally:
@@ -116,7 +119,7 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=100)
     p.add_argument("--model", default="complex")
     p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--ranks", type=int, nargs="*", default=[1, 2])
     p.add_argument(
         "--blocks",
         type=int,
@@ -131,6 +134,13 @@ def main() -> None:
         default=[],
         help="also rank each query against this many candidates of its own (one process)",
     )
+    p.add_argument(
+        "--sampled",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also rank every query against this many sampled entities (one process)",
+    )
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", help="result file name (default: eval_split_<entities>.json)")
     args = p.parse_args()
@@ -139,10 +149,11 @@ def main() -> None:
 
     cores = os.cpu_count() or 1
     runs = []
-    settings = [(w, b, 0) for w in args.ranks for b in (args.blocks if w == 1 else [0])]
-    settings += [(1, 0, k) for k in args.candidates]
+    settings = [(w, b, 0, 0) for w in args.ranks for b in (args.blocks if w == 1 else [0])]
+    settings += [(1, 0, k, 0) for k in args.candidates]
+    settings += [(1, 0, 0, k) for k in args.sampled]
     for round_ in range(args.rounds):
-        for world, block, candidates in settings:
+        for world, block, candidates, sampled in settings:
             with socket.socket() as sock:
                 sock.bind(("127.0.0.1", 0))
                 port = sock.getsockname()[1]
@@ -151,7 +162,7 @@ def main() -> None:
                 out = str(Path(tmp) / "rank")
                 mp.spawn(
                     _rank,
-                    args=(world, port, threads, args, out, block, candidates),
+                    args=(world, port, threads, args, out, block, candidates, sampled),
                     nprocs=world,
                 )
                 ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(world)]
@@ -159,7 +170,7 @@ def main() -> None:
                 "round": round_,
                 "ranks": world,
                 "block": block,
-                "candidates": candidates or "all",
+                "candidates": f"sampled-{sampled}" if sampled else candidates or "all",
                 "threads_per_rank": threads,
                 "seconds": round(max(x["seconds"] for x in ranks), 2),
                 "mrr": ranks[0]["mrr"],

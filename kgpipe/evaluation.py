@@ -11,13 +11,15 @@ On the CPU, against more entities than a block (:data:`BLOCK`, 8,192), a chunk o
 scored one block of candidates at a time, and the better and equal candidates are counted per
 block. The target's score is checked against its column in its block; where they differ
 (another kernel, another rounding) that chunk and the rest are ranked on the whole matrix.
-Peak memory: about ``batch_size x BLOCK x 4`` bytes of scores (``x num_entities`` on a fallback,
-and in sampled mode, which scores every entity), whatever the size of the evaluation set. A GPU
-scores the whole matrix (on an H100 blocks made the FB15k-237 test 2x slower).
+Peak memory: about ``batch_size x BLOCK x 4`` bytes of scores (``x num_entities`` on a fallback),
+whatever the size of the evaluation set. A GPU scores the whole matrix (on an H100 blocks made
+the FB15k-237 test 2x slower).
 
 A *sampled* mode ranks each query against ``k`` random entities instead of all (not comparable
-to published results; labelled ``"candidates": "sampled-k"``). The OGB-style protocol gives
-every query its own fixed candidates (:mod:`kgpipe.query_candidates`, ``"per-query-k"``).
+to published results; labelled ``"candidates": "sampled-k"``): a chunk is scored against the
+sample and its own targets only, ``batch_size x (k + batch_size)`` scores. The OGB-style
+protocol gives every query its own fixed candidates (:mod:`kgpipe.query_candidates`,
+``"per-query-k"``).
 
 *Split over the ranks of a gang* (``part=(rank, world)``, a process group initialised): each
 rank scores every query against its own range of entity ids only, counts the better and equal
@@ -118,13 +120,18 @@ class FilterIndex:
 
 
 def realistic_ranks(
-    scores: Tensor, targets: Tensor, filter_rows: Tensor, filter_cols: Tensor
+    scores: Tensor,
+    targets: Tensor,
+    filter_rows: Tensor,
+    filter_cols: Tensor,
+    exclude: Tensor | None = None,
 ) -> Tensor:
     """Filtered realistic ranks ``(b,)`` of ``targets`` in ``scores`` ``(b, n)``.
 
     ``(filter_rows, filter_cols)`` are positions of known true answers; they (and the target
-    itself) are excluded from the comparison. ``scores`` is modified in place; the index
-    tensors may live on another device than the scores (they are moved). A NaN score is
+    itself) are excluded from the comparison, and so are the columns of ``exclude`` (a mask
+    over the columns; after the target's score is read). ``scores`` is modified in place; the
+    index tensors may live on another device than the scores (they are moved). A NaN score is
     counted against the answer, here and in every ranking (:func:`count_better`).
     """
     dev = scores.device
@@ -132,6 +139,8 @@ def realistic_ranks(
     rows = torch.arange(scores.shape[0], device=dev)
     true = scores[rows, targets].clone()
     lift_neg_inf(scores, true, when=true)
+    if exclude is not None:
+        scores[:, exclude.to(dev)] = float("-inf")
     scores[filter_rows, filter_cols] = float("-inf")
     scores[rows, targets] = float("-inf")
     col = true.unsqueeze(1)
@@ -144,11 +153,7 @@ def rank_metrics(ranks: Tensor) -> dict[str, float]:
     """MRR, MR and Hits@1/3/10 of (realistic) ranks."""
     ranks = ranks.double()
     if ranks.numel() == 0:
-        return {
-            "mrr": float("nan"),
-            "mr": float("nan"),
-            **{f"hits@{k}": float("nan") for k in HITS_AT},
-        }
+        return dict.fromkeys(["mrr", "mr", *(f"hits@{k}" for k in HITS_AT)], float("nan"))
     out = {"mrr": float((1.0 / ranks).mean()), "mr": float(ranks.mean())}
     for k in HITS_AT:
         out[f"hits@{k}"] = float((ranks <= k).double().mean())
@@ -203,8 +208,10 @@ def evaluate(
                 )
             elif part[1] > 1:
                 got = _split_ranks(model, side, chunk, filter_index, part)
+            elif sample is not None:
+                got = _sampled_ranks(model, side, chunk, filter_index, sample)
             else:
-                got = _chunk_ranks(model, side, chunk, filter_index, sample, blocks)
+                got = _chunk_ranks(model, side, chunk, filter_index, blocks)
             ranks[side].append(got.cpu())
             done += int(chunk.shape[0])
             if progress is not None:
@@ -292,11 +299,10 @@ def _chunk_ranks(
     side: str,
     chunk: Tensor,
     index: FilterIndex,
-    sample: Tensor | None,
     blocks: list[bool],
 ) -> Tensor:
-    """This chunk's realistic ranks on ``side``, against all entities or the ``sample``; in
-    blocks while ``blocks[0]`` (cleared when a chunk falls back to the whole matrix)."""
+    """This chunk's realistic ranks on ``side`` against all entities; in blocks while
+    ``blocks[0]`` (cleared when a chunk falls back to the whole matrix)."""
     if blocks[0]:
         got = _blocked_ranks(model, side, chunk, index)
         if got is not None:
@@ -311,11 +317,26 @@ def _chunk_ranks(
         anchors, targets = t, h
         scores = model.score_all_heads(r.to(device), t.to(device))
     f_rows, f_cols = index.answers(side, anchors, r)
-    if sample is not None:
-        scores, targets, f_rows, f_cols = _restrict(
-            scores, targets.to(device), f_rows.to(device), f_cols.to(device), sample
-        )
     return realistic_ranks(scores, targets, f_rows, f_cols)
+
+
+def _sampled_ranks(
+    model: KGEModel, side: str, chunk: Tensor, index: FilterIndex, sample: Tensor
+) -> Tensor:
+    """This chunk's realistic ranks against the ``sample``: the chunk is scored against the
+    sample and its targets (read from the same product), and the targets that are not in the
+    sample are no candidates."""
+    dev = model.entity.device
+    anchors, targets = (chunk[:, 0], chunk[:, 2]) if side == "tail" else (chunk[:, 2], chunk[:, 0])
+    sample, targets = sample.to(dev), targets.to(dev).contiguous()
+    cols = torch.unique(torch.cat((sample, targets)))  # sorted: a column's id by search
+    scores = _scores(model, side, chunk, cols)
+    f_rows, f_cols = index.answers(side, anchors, chunk[:, 1])
+    f_rows, f_cols = f_rows.to(dev), f_cols.to(dev)
+    at = torch.searchsorted(cols, f_cols).clamp_(max=cols.numel() - 1)
+    scored = cols[at] == f_cols  # known answers outside the columns need no mask
+    tcols = torch.searchsorted(cols, targets)
+    return realistic_ranks(scores, tcols, f_rows[scored], at[scored], ~torch.isin(cols, sample))
 
 
 def _split_ranks(
@@ -375,26 +396,3 @@ def split_block_ranks(
     counts = torch.stack((count_better(block, col), (block == col).sum(1)))
     dist.all_reduce(counts)
     return 1.0 + counts[0].double() + counts[1].double() / 2.0
-
-
-def _restrict(
-    scores: Tensor, targets: Tensor, f_rows: Tensor, f_cols: Tensor, sample: Tensor
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Keep the target plus the sampled candidates (columns: target first, then the sample)."""
-    b = scores.shape[0]
-    dev = scores.device
-    sample = sample.to(dev)
-    rows = torch.arange(b, device=dev)
-    sub = torch.cat((scores[rows, targets].unsqueeze(1), scores[:, sample]), dim=1)
-    # map filtered entity ids onto sample columns (1 + position); drop those not sampled
-    pos = torch.full((scores.shape[1],), -1, dtype=torch.long, device=dev)
-    pos[sample] = torch.arange(sample.numel(), device=dev) + 1
-    cols = pos[f_cols]
-    keep = cols >= 0
-    f_rows, cols = f_rows[keep], cols[keep]
-    # the target, if it also appears in the sample, must not count as a competitor
-    tcols = pos[targets]
-    in_sample = tcols >= 0
-    f_rows = torch.cat((f_rows, rows[in_sample]))
-    cols = torch.cat((cols, tcols[in_sample]))
-    return sub, torch.zeros(b, dtype=torch.long, device=dev), f_rows, cols

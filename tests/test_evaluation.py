@@ -27,8 +27,11 @@ def _random_triples(n: int, ne: int, nr: int, seed: int) -> torch.Tensor:
     )
 
 
-def _brute_force(model: KGEModel, test: torch.Tensor, known: list[torch.Tensor]) -> dict:
-    """Per-triple Python loops: score every candidate triple one by one."""
+def _brute_force(
+    model: KGEModel, test: torch.Tensor, known: list[torch.Tensor], among: set[int] | None = None
+) -> dict:
+    """Per-triple Python loops: score every candidate triple one by one (the candidates: every
+    entity, or those ``among``)."""
     true = {tuple(x) for k in known for x in k.tolist()}
     ne = model.spec.num_entities
     ranks = {"head": [], "tail": []}
@@ -44,7 +47,11 @@ def _brute_force(model: KGEModel, test: torch.Tensor, known: list[torch.Tensor])
                 cands.append((e, trip, float(model.score_triples(q)[0])))
             target = t if side == "tail" else h
             s_true = next(s for e, _, s in cands if e == target)
-            others = [s for e, trip, s in cands if e != target and trip not in true]
+            others = [
+                s
+                for e, trip, s in cands
+                if e != target and trip not in true and (among is None or e in among)
+            ]
             better = sum(s > s_true for s in others)
             equal = sum(s == s_true for s in others)
             ranks[side].append(1 + better + equal / 2)
@@ -159,6 +166,41 @@ def test_sampled_mode_is_labelled_and_exact_against_its_candidates() -> None:
     assert small["candidates"] == "sampled-5"
     assert small["mr"] <= 6.0  # at most 5 competitors
     assert small["mrr"] >= full["mrr"]
+
+
+@pytest.mark.parametrize("name", sorted(INTERACTIONS))
+@pytest.mark.parametrize("reciprocal", [False, True])
+@pytest.mark.parametrize("ties", [False, True])
+def test_sampled_ranks_match_brute_force_and_score_only_the_sample(
+    name: str, reciprocal: bool, ties: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Against the seeded sample only (targets and known answers in or out of it, ties), and
+    a chunk is scored against the sample and its targets, not against every entity."""
+    from kgpipe.evaluation import sample_candidates
+
+    model, test, known = _case(name, reciprocal, ties)
+    index = FilterIndex.from_triples(known, model.spec.num_relations)
+    k = 7
+    ref = _brute_force(model, test, known, among=set(sample_candidates(23, k).tolist()))
+    widths: list[int] = []
+    for method in ("score_all_tails", "score_all_heads"):
+        inner = getattr(model, method)
+
+        def spy(a: torch.Tensor, b: torch.Tensor, c: object = None, inner: Any = inner) -> Any:
+            got = inner(a, b, c)
+            widths.append(int(got.shape[1]))
+            return got
+
+        monkeypatch.setattr(model, method, spy)
+    for bs in (1, 4, 1000):
+        widths.clear()
+        got = evaluate(model, test, index, batch_size=bs, sampled=k)
+        assert got["candidates"] == f"sampled-{k}"
+        for key in ("mrr", "mr", "hits@1", "hits@3", "hits@10"):
+            assert got[key] == pytest.approx(ref[key], abs=1e-12), key
+            for side in ("head", "tail"):
+                assert got[side][key] == pytest.approx(ref[side][key], abs=1e-12)
+        assert widths and max(widths) <= k + bs, widths  # not the 23 entities
 
 
 def test_filter_index_answers() -> None:
@@ -322,10 +364,11 @@ class _Tables:
 
 def _sharded_case(
     case: dict, root: str, rank: int, world: int
-) -> tuple[dict, dict | None, list[int]]:
+) -> tuple[list[dict], list[dict] | None, list[int]]:
     """``evaluate_sharded`` of a case on this rank (its rows of the whole model), one process's
-    ``evaluate`` of the whole model (rank 0), and how many chunks were counted in blocks and
-    how many fell back from that to the whole matrix."""
+    ``evaluate`` of the whole model (rank 0), each against every entity and against a sample of
+    9, how many chunks were counted in blocks and how many fell back from that to the whole
+    matrix, and the widest product of the sampled ranking."""
     import kgpipe.distributed.sharded_eval as sharded_eval
     from kgpipe.distributed.comm import Comm
     from kgpipe.distributed.sharded import ShardedExchange, ShardMap
@@ -364,13 +407,27 @@ def _sharded_case(
         fallbacks[got is None] += 1
         return got
 
+    widths = [0]  # the widest product of the sampled ranking
+    scores = sharded_eval._scores
+
+    def scored(*args: Any) -> Any:
+        got = scores(*args)
+        widths[0] = max(widths[0], int(got.shape[1]))
+        return got
+
     sharded_eval._blocked_ranks = counted
     try:
-        got = sharded_eval.evaluate_sharded(local, exchange, test, index, batch_size=64)
+        got = [sharded_eval.evaluate_sharded(local, exchange, test, index, batch_size=64)]
+        sharded_eval._scores = scored  # the rows in the sample and the targets, not all
+        got.append(
+            sharded_eval.evaluate_sharded(local, exchange, test, index, batch_size=64, sampled=9)
+        )
     finally:
-        sharded_eval._blocked_ranks = blocked
-    one = evaluate(model, test, index, batch_size=64) if rank == 0 else None
-    return got, one, fallbacks
+        sharded_eval._blocked_ranks, sharded_eval._scores = blocked, scores
+    one = None
+    if rank == 0:
+        one = [evaluate(model, test, index, batch_size=64, sampled=s) for s in (None, 9)]
+    return got, one, [*fallbacks, widths[0]]
 
 
 def _sharded_rank(rank: int, world: int, port: int, root: str, out: str, block: int) -> None:
@@ -408,7 +465,7 @@ def test_evaluation_over_a_sharded_table_equals_one_process_exactly(
     """Each of 2 ranks holds the rows of its entity shards and counts a block of them at a time
     (5 or 1,000 rows a block on the small graphs full of ties, 1,000 on 3,000 FB15k-237
     validation triples): the metrics equal the single-process evaluator's to the last bit, and
-    no chunk left the blocked count."""
+    no chunk left the blocked count; so do those against a sample of 9 entities."""
     import json
     import socket
 
@@ -423,10 +480,12 @@ def test_evaluation_over_a_sharded_table_equals_one_process_exactly(
         for case, got in zip(SPLIT_CASES, json.loads(out.read_text()), strict=True):
             if got is None:
                 continue
-            sharded, one, (counted, fallbacks) = got
+            sharded, one, (counted, fallbacks, widest) = got
             assert sharded == one, (block, case)
+            assert 0 < widest <= 9 + 64, widest  # FB15k-237: not a rank's ~7,000 rows
             assert counted > 0 and fallbacks == 0, (block, case, counted, fallbacks)
-            assert math.isfinite(one["mrr"])
+            assert all(math.isfinite(m["mrr"]) for m in one)
+            assert [m["candidates"] for m in one] == ["all", "sampled-9"]
 
 
 @pytest.mark.parametrize("block", [None, 5])

@@ -77,7 +77,8 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
         update={"evaluation": validating.evaluation.model_copy(update={"sampled": 100})}
     )
     m = rank_memory(sampled, num_entities=1000, num_relations=5, num_train=101, world=2)
-    assert m.validation == 2 * 4 * 8 * 101 + 13 * 256 * 1000  # rank 0 alone: every entity
+    # rank 0 alone, against the sample of 100 and a chunk's 256 targets, not 1,000 entities
+    assert m.validation == 2 * 4 * 8 * 101 + 13 * 256 * (100 + 256)
     files = {"valid": {"head": "h.tsv", "tail": "t.tsv"}}
     from_files = _config(
         data={"dataset": "umls", "candidates": files}, model={"name": "transe", "dim": 10},

@@ -88,19 +88,19 @@ def _evaluate(
     n = int(triples.shape[0])
     spec = model.spec
     dev = model.entity.device
-    exclude: Tensor | None = None
+    in_sample: Tensor | None = None
     candidates = "all"
-    if sampled is not None:  # this rank's rows that are not in the sample
+    if sampled is not None:  # which of this rank's rows are in the sample
         sample = sample_candidates(spec.num_entities, sampled)
         chosen = torch.zeros(spec.num_entities, dtype=torch.bool)
         chosen[sample] = True
-        exclude = (~chosen[exchange.own.cpu()]).to(dev)
+        in_sample = chosen[exchange.own.cpu()].to(dev)
         candidates = f"sampled-{int(sample.numel())}"
 
     ranks: dict[str, list[Tensor]] = {"head": [], "tail": []}
     # as one process counts on the CPU; off for good once a chunk's check failed (every rank
     # learns it from the same all-reduce, so all of them stop trying together)
-    blocks = exclude is None and dev.type == "cpu"
+    blocks = in_sample is None and dev.type == "cpu"
     for side, _start, r, anchors, targets, rows in _queries(
         exchange, triples, batch_size, dev, progress
     ):
@@ -108,12 +108,14 @@ def _evaluate(
         f_rows, f_cols = filter_index.answers(side, anchors, r)
         f_rows, f_cols, targets = f_rows.to(dev), f_cols.to(dev), targets.to(dev)
         got = None
-        if blocks:
+        if in_sample is not None:
+            got = _sampled_ranks(model, side, rows, rd, targets, f_rows, f_cols, locate, in_sample)
+        elif blocks:
             got = _blocked_ranks(model, side, rows, rd, targets, f_rows, f_cols, locate)
             blocks = got is not None
         if got is None:  # the whole (chunk x own rows) matrix
             block = _scores(model, side, rows, rd, model.entity)
-            got = split_block_ranks(block.float(), targets, f_rows, f_cols, locate, exclude)
+            got = split_block_ranks(block.float(), targets, f_rows, f_cols, locate)
         ranks[side].append(got.cpu())
     return summarise(ranks, n, candidates)
 
@@ -126,6 +128,37 @@ def _scores(model: KGEModel, side: str, rows: Tensor, rd: Tensor, table: Tensor)
     if spec.reciprocal:
         return inter.score_tails(rows, model.relation[rd + spec.num_relations], table)
     return inter.score_heads(model.relation[rd], rows, table)
+
+
+def _sampled_ranks(
+    model: KGEModel,
+    side: str,
+    rows: Tensor,
+    rd: Tensor,
+    targets: Tensor,
+    f_rows: Tensor,
+    f_cols: Tensor,
+    locate: Any,
+    in_sample: Tensor,
+) -> Tensor:
+    """The chunk's ranks against the sample, as one process ranks them: each rank scores its
+    rows that are in the sample or a target of the chunk (the target's score is read from its
+    owner's product, then the targets outside the sample are no candidates). A collective."""
+    own, local = locate(targets)
+    cols = torch.unique(torch.cat((in_sample.nonzero().squeeze(1), local[own])))  # local rows
+    if cols.numel():
+        block = _scores(model, side, rows, rd, model.entity[cols]).float()
+    else:  # none of the sample's or targets' rows here: the collectives still run
+        block = torch.zeros((rows.shape[0], 0), dtype=torch.float32, device=rows.device)
+
+    def columns(ids: Tensor) -> tuple[Tensor, Tensor]:  # (scored here, column)
+        held, at = locate(ids)
+        if not cols.numel():
+            return torch.zeros_like(held), at
+        pos = torch.searchsorted(cols, at.contiguous()).clamp_(max=cols.numel() - 1)
+        return held & (cols[pos] == at), pos
+
+    return split_block_ranks(block, targets, f_rows, f_cols, columns, ~in_sample[cols])
 
 
 def _blocked_ranks(

@@ -100,14 +100,11 @@ class RankMemory:
 
     def describe(self) -> str:
         parts = [
-            ("tables", self.tables),
-            ("optimiser state", self.optimizer),
-            ("checkpoint copy", self.checkpoint),
-            ("model averaging", self.averaging),
-            ("training triples", self.triples),
-            ("step buffers", self.step),
+            ("tables", self.tables), ("optimiser state", self.optimizer),
+            ("checkpoint copy", self.checkpoint), ("model averaging", self.averaging),
+            ("training triples", self.triples), ("step buffers", self.step),
             ("validation", self.validation),
-        ]
+        ]  # fmt: skip
         return ", ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
 
     def on_gpu(self, *, training: bool = True) -> tuple[RankMemory, RankMemory]:
@@ -205,7 +202,8 @@ def _validation(
     """The bytes, and of them those in host memory (see :meth:`RankMemory.on_gpu`): the
     filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
-    range of entities when a gang splits full ranking, else all of them); with per-query
+    range of entities when a gang splits full ranking, else all of them; a sample and the
+    chunk's targets); with per-query
     candidates, each query's scores and about five int64 tensors per (query, candidate) pair
     (ids, query index, filter keys, the draw and its shift), and the rows gathered for a group
     of pairs; with candidate ``files`` ``(rows, k)``, also both sides' staged ids (mapped from
@@ -222,6 +220,8 @@ def _validation(
         return index + staged + scoring, index + staged
     split = world > 1 and (ev.sampled is None or config.distributed.strategy == "sharded")
     candidates = -(-num_entities // world) if split else num_entities
+    if ev.sampled is not None:  # the sample and a chunk's targets (sharded: a rank's of them)
+        candidates = min(candidates, ev.sampled + ev.batch_size)
     floats = 4 if INTERACTIONS.get(config.model.name).bilinear else 12  # distances: 2 more
     return index + (floats + 1) * ev.batch_size * candidates, index
 
