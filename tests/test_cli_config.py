@@ -109,16 +109,18 @@ def test_errors_name_the_closest_key_and_blame_the_set_value_not_the_file(
     bad.write_text("data: {dataset: umls}\nmodel: {dimm: 3}\n")
     err = _train(["-c", str(bad), "--set", "training.lr=abc"], capsys)
     assert err.splitlines()[0] == f"error: {bad}: invalid configuration:"
-    assert "  model.dimm: unknown key (did you mean model.dim?)" in err.splitlines()
+    # the file's errors name their line; the --set value's is blamed on the item
+    assert "  line 2: model.dimm: unknown key (did you mean model.dim?)" in err.splitlines()
     assert any(
         line.startswith("  training.lr: ") and line.endswith("(--set training.lr=abc)")
         for line in err.splitlines()
     ), err
     # a section's own check (dim must be even for ComplEx) names the --set item within it
     err = _train(["-c", good, "--set", "model.dim=7", "--set", "training.epochs=3"], capsys)
+    line = next(i for i, x in enumerate(Path(good).read_text().splitlines(), 1) if x == "model:")
     assert err.strip() == (
-        f"error: {good}: model: Value error, model.dim must be even for complex (got 7) "
-        "(with --set model.dim=7)"
+        f"error: {good}, line {line}: model: Value error, model.dim must be even for complex "
+        "(got 7) (with --set model.dim=7)"
     )
 
 
@@ -311,3 +313,36 @@ def test_a_regularizer_without_a_weight_is_refused_where_a_run_starts(tmp_path: 
         train(config)
     data["training"] = {"epochs": 2}
     assert train(parse_config(data), resume=True).history[-1].epoch == 2
+
+
+def test_a_file_error_names_its_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Schema errors in a file name the line of the key (a merged key, the line it was
+    given at; a key beside the merge overrides it), not only the dotted path."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "# a recipe\nbase: &b\n  lr: -0.1\n  epochs: 3\ndata:\n  dataset: umls\n"
+        "training:\n  <<: *b\n  epochs: many\n"
+    )
+    err = _train(["-c", str(bad)], capsys).splitlines()
+    assert err[0] == f"error: {bad}: invalid configuration:", err
+    assert sorted(line.split(": Input")[0] for line in err[1:]) == [
+        "  line 2: base: unknown key",
+        "  line 3: training.lr",
+        "  line 9: training.epochs",  # not line 4's, which the merge would have given
+    ], err
+    bad.write_text("data:\n  dataset: umls\nmodel:\n  name: complex\n\n  dim: -4\n")
+    err = _train(["-c", str(bad)], capsys).strip()
+    assert err == (
+        f"error: {bad}, line 6: model.dim: Input should be greater than or equal to 2 (got -4)"
+    )
+
+
+def test_key_lines_follow_lists_and_merges() -> None:
+    from kgpipe.config.io import key_lines
+
+    text = "a:\n  - x: 1\n  - y:\n      z: 2\nm: &m\n  k: 1\n  j: 2\nn:\n  <<: *m\n  j: 3\n"
+    assert key_lines(text) == {
+        "a": 1, "a.0.x": 2, "a.1.y": 3, "a.1.y.z": 4,
+        "m": 5, "m.k": 6, "m.j": 7, "n": 8, "n.j": 10, "n.k": 6,
+    }  # fmt: skip
+    assert key_lines("") == {} and key_lines("# nothing\n") == {}

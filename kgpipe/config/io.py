@@ -39,11 +39,16 @@ def _blame(path: str, overrides: Mapping[str, str]) -> str | None:
 
 
 def _format_validation_error(
-    err: ValidationError, source: str, overrides: Mapping[str, str]
+    err: ValidationError,
+    source: str,
+    overrides: Mapping[str, str],
+    key_lines: Mapping[str, int],
 ) -> str:
-    """``SOURCE: path: problem`` for one error; ``SOURCE: invalid configuration:`` and one
-    indented line per error for several. An error in a value given with ``--set`` is blamed on
-    that ``--set`` item, not on the file; an unknown key gets the closest known one."""
+    """``SOURCE, line N: path: problem`` for one error; ``SOURCE: invalid configuration:``
+    and one indented ``line N: path: problem`` per error for several (``key_lines``: the line
+    of each dotted key path in the file, where known). An error in a value given with ``--set``
+    is blamed on that ``--set`` item, not on the file; an unknown key gets the closest known
+    one."""
     from kgpipe.config.keys import suggest_key
 
     lines: list[tuple[str | None, str]] = []
@@ -64,13 +69,14 @@ def _format_validation_error(
                 i for k, i in overrides.items() if path == "(root)" or k.startswith(f"{path}.")
             ]
             text += f" (with --set {', --set '.join(within)})" if within else ""
+            text = f"line {key_lines[path]}: {text}" if path in key_lines else text
         lines.append((item, text))
     blamed = {item for item, _ in lines}
     where = source
     if None not in blamed:  # every error is in a --set value: the file is not to blame
         where = f"--set {next(iter(blamed))}" if len(blamed) == 1 else "--set"
     if len(lines) == 1:
-        return f"{where}: {lines[0][1]}"
+        return f"{where}{', ' if lines[0][1].startswith('line ') else ': '}{lines[0][1]}"
     body = [
         f"  {text}" + (f"  (--set {item})" if item and where == source else "")
         for item, text in lines
@@ -82,10 +88,15 @@ _SECTIONS = frozenset(RunConfig.model_fields)
 
 
 def parse_config(
-    data: Mapping[str, Any], *, source: str = "config", overrides: Mapping[str, str] | None = None
+    data: Mapping[str, Any],
+    *,
+    source: str = "config",
+    overrides: Mapping[str, str] | None = None,
+    key_lines: Mapping[str, int] | None = None,
 ) -> RunConfig:
     """Validate a mapping into a :class:`RunConfig`; errors name the dotted key path (and the
-    ``--set`` item, given ``overrides``: dotted path -> the item that set it)."""
+    ``--set`` item, given ``overrides``: dotted path -> the item that set it; the line in the
+    file, given ``key_lines``: dotted path -> line, :func:`key_lines`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
     # a section whose every key is commented out (`training:`) is YAML's null: its defaults
@@ -93,7 +104,7 @@ def parse_config(
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as err:
-        message = _format_validation_error(err, source, overrides or {})
+        message = _format_validation_error(err, source, overrides or {}, key_lines or {})
         raise ConfigError(message) from None
 
 
@@ -247,6 +258,35 @@ def load_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}, {err}") from None
 
 
+def key_lines(text: str) -> dict[str, int]:
+    """The line (1-based) of every dotted key path of a YAML text that loads (list items by
+    their index, keys from a ``<<: *anchor`` merge where not given beside it), for the
+    schema's errors."""
+    found: dict[str, int] = {}
+
+    def walk(node: yaml.Node, prefix: str, merged: bool = False) -> None:
+        if isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                walk(item, f"{prefix}{i}.", merged)
+        if not isinstance(node, yaml.MappingNode):
+            return
+        merges = [v for k, v in node.value if k.tag == "tag:yaml.org,2002:merge"]
+        for k, v in node.value:
+            if k.tag != "tag:yaml.org,2002:merge" and isinstance(k, yaml.ScalarNode):
+                path = f"{prefix}{k.value}"
+                if merged and path in found:  # given beside the merge: that one counts
+                    continue
+                found[path] = k.start_mark.line + 1
+                walk(v, f"{path}.", merged)
+        for v in merges:  # a merged mapping, or a list of them: only the keys not given here
+            walk(v, prefix, merged=True)
+
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is not None:
+        walk(node, "")
+    return found
+
+
 def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
     """Read a YAML config from any fsspec URL, apply overrides and validate."""
     text = read_text_file(url, "config")
@@ -257,7 +297,9 @@ def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
         raise ConfigError(f"{url}: the top level must be a mapping")
     overrides = list(overrides)
     paths = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
-    return parse_config(apply_overrides(data, overrides), source=url, overrides=paths)
+    return parse_config(
+        apply_overrides(data, overrides), source=url, overrides=paths, key_lines=key_lines(text)
+    )
 
 
 def redact_secrets(config: RunConfig) -> dict[str, Any]:
