@@ -532,30 +532,70 @@ def test_a_pinned_thread_count_holds_on_a_gang(tmp_path: Path) -> None:
     assert seen.read_text() == "1"
 
 
-def _trains_until_cancelled() -> str:
+def _trains_until_cancelled(work: str) -> str:
     from types import SimpleNamespace
 
     from kgpipe.launch.rank import CancelWatch
+    from kgpipe.launch.rank_test import _Progress
 
     watch, view = CancelWatch(), SimpleNamespace(rank=0)
+    ranking = _Progress(None, 1)  # a rank of the test ranking, between its chunks
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # a rank's batches
+    while time.monotonic() < deadline:  # a rank's batches, or its chunks of test queries
         time.sleep(0.01)
-        watch.on_batch_end(view, 1, 1, 10, 0.0)  # type: ignore[arg-type]
+        if work == "train":
+            watch.on_batch_end(view, 1, 1, 10, 0.0)  # type: ignore[arg-type]
+        else:
+            ranking(1, 10)
     return "trained on"
 
 
-def test_a_cancelled_rank_stops_and_frees_its_worker() -> None:
+@pytest.mark.parametrize("work", ["train", "test"])
+def test_a_cancelled_rank_stops_and_frees_its_worker(work: str) -> None:
     """Dask cannot stop a running thread: a cancelled rank trained on to its next commit
     (Ctrl-C on an existing scheduler: 40 s more), holding its worker's only thread while the
-    relaunch's rank waited behind it. It now stops at its next batch."""
+    relaunch's rank waited behind it. It now stops at its next batch, or its next chunk of
+    test queries (validation chunks: `test_validation_stops_between_chunks_when_told`)."""
     with open_cluster("local", workers=1, threads_per_worker=1) as client:
-        rank = client.submit(_trains_until_cancelled, pure=False)
+        rank = client.submit(_trains_until_cancelled, work, pure=False)
         time.sleep(1.0)
         client.cancel(rank, force=True)
         t0 = time.monotonic()
         assert client.submit(int, "7", pure=False).result(timeout=30) == 7
         assert time.monotonic() - t0 < 10  # (it waited the 60 s out before)
+
+
+def test_validation_stops_between_chunks_when_told(tmp_path: Path) -> None:
+    """A rank's validation asks between its chunks whether to stop (its task cancelled):
+    it was asked only after every training batch, so a cancelled rank validated to the end
+    (minutes against a large graph) before it let its worker go."""
+    from kgpipe.errors import RunError
+    from kgpipe.launch.build import build_trainer
+    from kgpipe.runs.stage import prepare_run
+
+    data = {**BASE, "run": {**BASE["run"], "root": str(tmp_path), "name": "told"},
+            "model": {"name": "distmult", "dim": 8}, "training": {"epochs": 1},
+            "evaluation": {"test": False, "every": 1, "batch_size": 16}}  # fmt: skip
+    run = prepare_run(parse_config(data))
+    asked: list[int] = []
+
+    def interrupt() -> None:
+        asked.append(1)
+        if len(asked) == 3:
+            raise RunError("rank 0: its task was cancelled by the driver")
+
+    built = build_trainer(
+        run, run.staged(), device=torch.device("cpu"), until=1, interrupt=interrupt
+    )
+    try:
+        with pytest.raises(RunError, match="cancelled"):
+            built.trainer.fit(until=1)
+    finally:
+        assert built.saver is not None
+        built.saver.close()
+    valid = int(run.staged().valid.shape[0])
+    assert len(asked) == 3 < 2 * -(-valid // 16)  # stopped at its third chunk of many
+    assert not run.checkpoints().committed()  # nothing committed for the stopped epoch
 
 
 def _queues(dask_scheduler: Any) -> list[str]:

@@ -109,6 +109,11 @@ def splits_validation(config: RunConfig, world_size: int) -> bool:
     return world_size > 1 and bool(ev.every) and (whole or sharded)
 
 
+def _call_each(calls: Sequence[Callable[[], None]]) -> None:
+    for call in calls:
+        call()
+
+
 def build_trainer(
     run: RunFolder,
     data: StagedData,
@@ -131,6 +136,7 @@ def build_trainer(
     restarts: int | None = None,
     fence: Callable[[], None] | None = None,
     commit_group: Any = None,
+    interrupt: Callable[[], None] | None = None,
 ) -> BuiltTrainer:
     """The trainer of ``run`` to epoch ``until`` on ``train`` (this rank's training triples;
     default ``data.train``, which holds all of them wherever the trainer validates: the
@@ -140,7 +146,9 @@ def build_trainer(
     ``recorder`` reports each epoch (the metrics file, or rank 0's progress queue); ``training``
     replaces the config's section (a rank's share of the batch); ``restarts`` (a gang's) is
     recorded with every epoch; ``fence`` raises when commits must stop (a gang's driver is
-    gone); ``commit_group``: the process group of a sharded commit's collectives."""
+    gone); ``commit_group``: the process group of a sharded commit's collectives;
+    ``interrupt`` raises where the rank must stop (its task cancelled), called between
+    validation chunks."""
     config = run.config
     sharded = exchange if isinstance(exchange, ShardedExchange) else None
     model = run.new_model(rows=sharded.own.cpu() if sharded else None).to(device)
@@ -166,7 +174,8 @@ def build_trainer(
     split = splits_validation(config, world_size)
     if config.evaluation.every and (records or split):
         index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
-        tick = governor.tick if governor is not None else None
+        ticks = [f for f in (governor.tick if governor else None, interrupt) if f is not None]
+        tick = functools.partial(_call_each, ticks) if ticks else None
         valid_part = (rank, world_size) if split else (0, 1)
         evaluator = None
         if sharded is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import gc
 import os
 import time
@@ -74,7 +75,8 @@ class CancelWatch(Callback):
     """Stops a rank whose task its driver cancelled (Ctrl-C, a failed peer, a relaunch): Dask
     cannot stop a running thread, so the rank trained on to its next commit, holding its
     worker's thread while the relaunch waited behind it (its rendezvous timed out). It reads
-    the worker's own state of its task, at most every 0.25 s; a peer blocked in a collective
+    the worker's own state of its task, at most every 0.25 s, after every batch and (through
+    :meth:`check`) between validation and test-ranking chunks; a peer blocked in a collective
     is released by the closed connection."""
 
     def __init__(self) -> None:
@@ -88,13 +90,17 @@ class CancelWatch(Callback):
     def on_batch_end(
         self, trainer: TrainerView, epoch: int, step: int, steps: int, loss: float
     ) -> None:
+        self.check(trainer.rank)
+
+    def check(self, rank: int) -> None:
+        """Raise :class:`RunError` if this rank's task is no longer running."""
         now = time.monotonic()
         if self.worker is None or now - self.last < 0.25:
             return
         self.last = now
         task = self.worker.state.tasks.get(self.key)
         if task is None or task.state not in ("executing", "long-running"):
-            raise RunError(f"rank {trainer.rank}: its task was cancelled by the driver")
+            raise RunError(f"rank {rank}: its task was cancelled by the driver")
 
 
 class Reporter(Callback):
@@ -331,6 +337,7 @@ def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, An
             else:
                 state = ckpt.load(committed[spec.start_epoch])
         until = spec.until or t.epochs
+        watch = CancelWatch()
         built = build_trainer(
             run,
             data,
@@ -346,7 +353,8 @@ def _train(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, An
             records=lead,
             recorder=Reporter(spec.queue) if lead and spec.queue else None,
             governor=governor,
-            rank_callbacks=[CancelWatch(), *spec.rank_callbacks],
+            rank_callbacks=[watch, *spec.rank_callbacks],
+            interrupt=functools.partial(watch.check, spec.rank),
             state=state,
             restarts=spec.restarts,
             fence=_driver_fence(spec.driver_pid),

@@ -26,7 +26,7 @@ from kgpipe.distributed.sharded import ShardedExchange, ShardMap
 from kgpipe.distributed.sharded_eval import evaluate_sharded
 from kgpipe.errors import CheckpointError
 from kgpipe.evaluation import FilterIndex
-from kgpipe.launch.rank import RankSpec, joined, shared_triples
+from kgpipe.launch.rank import CancelWatch, RankSpec, joined, shared_triples
 from kgpipe.runs.finish import test_results
 from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.sharded import load_rank_state
@@ -51,17 +51,21 @@ class _Tables:
 
 
 class _Progress:
-    """Rank 0's test progress on the driver's Dask queue (at most every 0.5 s, and the end)."""
+    """Between chunks: every rank stops if its task was cancelled (Ctrl-C, a failed peer);
+    rank 0 puts its test progress on the driver's Dask queue (at most every 0.5 s, and the
+    end)."""
 
-    def __init__(self, queue_name: str) -> None:
+    def __init__(self, queue_name: str | None, rank: int) -> None:
         from distributed import Queue
 
-        self.queue = Queue(queue_name)
+        self.queue = Queue(queue_name) if queue_name and rank == 0 else None
+        self.watch, self.rank = CancelWatch(), rank
         self.last = 0.0
 
     def __call__(self, done: int, total: int) -> None:
+        self.watch.check(self.rank)
         now = time.monotonic()
-        if now - self.last >= 0.5 or done == total:
+        if self.queue is not None and (now - self.last >= 0.5 or done == total):
             self.last = now
             self.queue.put({"type": "eval", "done": done, "total": total})
 
@@ -107,7 +111,7 @@ def _test(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any
         exchange.bind(_Tables({"entity": model.entity, "relation": model.relation}))
         index = FilterIndex.from_triples([data.train, data.valid, data.test], run.num_relations)
         lead = spec.rank == 0
-        progress = _Progress(spec.queue) if lead and spec.queue else None
+        progress = _Progress(spec.queue, spec.rank)
         results = test_results(
             config,
             model,
@@ -121,8 +125,8 @@ def _test(spec: RankSpec, run: RunFolder, device: torch.device) -> dict[str, Any
     finally:
         if shared is not None:
             shared.close()
-        if progress is not None:  # the scheduler drops the queue once the driver closed it
-            progress.queue.close()
+        if progress is not None and progress.queue is not None:  # the scheduler drops the
+            progress.queue.close()  # queue once the driver closed it too
     if not lead:
         return None
     results["ranked_by"], results["ranks"] = "gang", spec.world_size
