@@ -184,6 +184,20 @@ def test_a_floor_sets_the_draws_below_it_to_it_as_libkge_reads_a_negative_dropou
         ("model.dim: {uniform: [64, 512], step: 0.5}", "use int: [low, high]"),
         ("model.regularizer: {choices: [n3]}", "model.regularizer is a section, not a key"),
         ("training:\n  lr: {uniform: [0.1, 1]}", "training is a section, not a key"),
+        # alternatives whose conditions can both hold: the second draw overwrote the first
+        (
+            "training.optimizer: {choices: [adam, adagrad]}\n"
+            "training.loss: {choices: [margin, softplus]}\ntraining.lr:\n"
+            "  - {loguniform: [1.0e-4, 1.0e-2], when: {training.optimizer: adam}}\n"
+            "  - {loguniform: [1.0e-2, 1.0], when: {training.loss: margin}}",
+            "training.lr: two alternatives can both hold",
+        ),
+        (
+            "training.loss: {choices: [margin, softplus, cross_entropy]}\ntraining.lr:\n"
+            "  - {loguniform: [1.0e-4, 1.0e-2], when: {training.loss: [margin, softplus]}}\n"
+            "  - {loguniform: [1.0e-2, 1.0], when: {training.loss: [softplus, cross_entropy]}}",
+            "training.lr: two alternatives can both hold",
+        ),
     ],
 )
 def test_bad_space_is_one_clear_error(text: str, message: str) -> None:
@@ -192,6 +206,22 @@ def test_bad_space_is_one_clear_error(text: str, message: str) -> None:
     assert message in str(err.value)
     assert str(err.value).startswith("space.yaml")
     assert "\n" not in str(err.value)
+
+
+def test_alternatives_exclusive_by_the_space_or_the_base_are_accepted() -> None:
+    """Two alternatives are exclusive where one key cannot meet both conditions: by the
+    choices the space gives it, or by the base config's value where the space does not set it
+    (the base trains negative sampling, so a 1vsAll alternative never holds)."""
+    text = (
+        "training.optimizer: {choices: [adam, adagrad]}\n"
+        "training.loss: {choices: [margin, softplus, cross_entropy]}\ntraining.lr:\n"
+        "  - {loguniform: [1.0e-4, 1.0e-2], when: {training.loss: margin}}\n"
+        "  - {loguniform: [1.0e-2, 1.0], when: {training.loss: [softplus, cross_entropy]}}\n"
+        "training.batch_size:\n"
+        "  - {choices: [128, 256], when: {training.mode: 1vsall}}\n"
+        "  - {choices: [512, 1024], when: {training.optimizer: adam}}\n"
+    )
+    check_space(SearchSpace.from_yaml(text, source="space.yaml"), base_config())
 
 
 @pytest.mark.parametrize("model", ["transe", "distmult", "complex", "rotate"])

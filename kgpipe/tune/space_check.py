@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from kgpipe.config import RunConfig
 from kgpipe.errors import ConfigError
@@ -31,7 +32,7 @@ def check_space(space: SearchSpace, base: RunConfig) -> None:
     on ``base``), so that a typo fails at the start and not in every trial. Values that only
     clash with other keys' values are left to each trial's validation. Also its conditions
     (:func:`check_conditions`): checked for a new study, not where a study is read back."""
-    check_conditions(list(space.params), space.source)
+    check_conditions(list(space.params), space.source, base)
     for param in space.params:
         if param.key in _STEP_GRID:
             raise ConfigError(
@@ -52,10 +53,12 @@ def check_space(space: SearchSpace, base: RunConfig) -> None:
                     raise ConfigError(f"{err}{hint if value is drawn else ''}") from None
 
 
-def check_conditions(params: Sequence[Param], source: str) -> None:
+def check_conditions(params: Sequence[Param], source: str, base: RunConfig | None = None) -> None:
     """Refuse a ``when`` naming a key set below it (it read the base's value in every trial),
-    and an entry no trial can sample (a value its key's choices never give: a typo), unless
-    another alternative of its key can be (a narrowed space leaves some alternatives out)."""
+    an entry no trial can sample (a value its key's choices never give: a typo), unless
+    another alternative of its key can be (a narrowed space leaves some alternatives out),
+    and two alternatives of a key that can both hold (:func:`_overlapping`)."""
+    _overlapping(params, source, base)
     dead: dict[str, dict[str, str]] = {}  # key -> its entries no trial samples -> why
     for i, param in enumerate(params):
         for wkey, allowed in param.when:
@@ -75,3 +78,41 @@ def check_conditions(params: Sequence[Param], source: str) -> None:
     for key, why in dead.items():
         if len(why) == sum(p.key == key for p in params):  # none of its entries is sampled
             raise ConfigError(f"{source}: {key}: {next(iter(why.values()))}")
+
+
+_ANY = None  # a condition's key that may take any value
+
+
+def _overlapping(params: Sequence[Param], source: str, base: RunConfig | None) -> None:
+    """Refuse two alternatives of one key whose conditions can both hold: both were drawn,
+    and the second overwrote the first (a wasted draw that Optuna still records, so its
+    importance plot credited a value no trial used). Each condition's key takes the choices
+    of its one unconditional entry above, else the base config's value where the space does
+    not set it, else any value."""
+    tree = base.model_dump(mode="json") if base is not None else None
+
+    def takes(key: str, above: Sequence[Param]) -> tuple[Any, ...] | None:
+        setting = [p for p in above if p.key == key]
+        if len(setting) == 1 and not setting[0].when and setting[0].choices:
+            return setting[0].choices
+        if not setting and tree is not None:
+            node: Any = tree
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            return (node,)
+        return _ANY
+
+    for j, second in enumerate(params):
+        for first in params[:j]:
+            if first.key != second.key:
+                continue
+            a, b = dict(first.when), dict(second.when)
+            for key in {*a, *b}:  # exclusive where one key cannot meet both
+                sets = [v for v in (a.get(key), b.get(key), takes(key, params[:j])) if v]
+                if not any(all(x in v for v in sets[1:]) for x in sets[0]):
+                    break
+            else:
+                raise ConfigError(
+                    f"{source}: {second.key}: two alternatives can both hold (when {a} and "
+                    f"when {b}): the second would overwrite the first; make them exclusive"
+                )
