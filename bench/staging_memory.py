@@ -7,7 +7,8 @@ Generates a synthetic TSV graph once (``kgpipe synth``, kept in ``--graph``), th
 tree: the seconds of each phase, the lines read per second, the process's peak resident set
 (``VmHWM``) after reading and at the end, and a digest of the shards and vocabulary written
 (the trees must write the same bytes). ``--budget 512MiB`` adds a run of each tree with
-``data.memory_budget`` set (its ids spilled to the temp folder).
+``data.memory_budget`` set (its ids spilled to the temp folder). ``--zstd`` reads the graph's
+files compressed with Zstandard (written once next to them, ``*.tsv.zst``).
 
     git worktree add /tmp/kgpipe-before REV
     .venv/bin/python bench/staging_memory.py --edges 10000000 --entities 2000000 \\
@@ -44,11 +45,11 @@ from kgpipe.config import DataConfig
 from kgpipe.data.dataset import load_dataset
 from kgpipe.data.shards import stage_shards
 from kgpipe.storage import Store
-graph = sys.argv[2]
+graph, suffix = sys.argv[2], sys.argv[4]
 start = status("VmRSS")
 extra = {"memory_budget": budget} if budget else {}
-cfg = DataConfig(train=graph + "/train.tsv", valid=graph + "/valid.tsv",
-                 test=graph + "/test.tsv", header=False, **extra)
+cfg = DataConfig(train=graph + "/train.tsv" + suffix, valid=graph + "/valid.tsv" + suffix,
+                 test=graph + "/test.tsv" + suffix, header=False, **extra)
 t0 = time.perf_counter()
 data = load_dataset(cfg)
 read_s = time.perf_counter() - t0
@@ -86,19 +87,23 @@ def main() -> None:
     p.add_argument("--graph", default=None, help="keep the graph here (reused when it exists)")
     p.add_argument("--budget", help="also run each tree with data.memory_budget so set")
     p.add_argument("--budget-only", action="store_true", help="only the runs with --budget")
+    p.add_argument("--zstd", action="store_true", help="read the files compressed (.tsv.zst)")
     p.add_argument("--json")
     args = p.parse_args()
     if args.budget_only and not args.budget:
         p.error("--budget-only needs --budget")
     graph = Path(args.graph or f"/tmp/kgpipe-staging-{args.edges}")
     synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
+    if args.zstd:
+        _compress(graph)
     trees = code_trees(args.before, ROOT)
     if args.budget:  # each tree again with the budget (the code before may have one too)
         budgeted = {f"{k}, memory_budget {args.budget}": f"{v}::{args.budget}"
                     for k, v in trees.items()}  # fmt: skip
         trees = budgeted if args.budget_only else {**trees, **budgeted}
     with tempfile.TemporaryDirectory() as tmp:
-        runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp], cwd=tmp)
+        suffix = ".zst" if args.zstd else ""
+        runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp, suffix], cwd=tmp)
     keys = ("read_seconds", "vocab_seconds", "stage_seconds", "lines_per_s", "read_peak",
             "vocab_peak", "peak")  # fmt: skip
     out: dict[str, Any] = {
@@ -113,7 +118,19 @@ def main() -> None:
         "runs": runs,
     }  # fmt: skip
     print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
-    write_result(out, Path(args.json or RESULTS / f"staging_memory_{args.edges}.json"))
+    name = f"staging_memory_{args.edges}{'_zstd' if args.zstd else ''}.json"
+    write_result(out, Path(args.json or RESULTS / name))
+
+
+def _compress(graph: Path) -> None:
+    """Each split's ``.tsv.zst`` next to its ``.tsv`` (kept when it is there already)."""
+    import zstandard
+
+    for split in ("train", "valid", "test"):
+        target = graph / f"{split}.tsv.zst"
+        if not target.exists():
+            with open(graph / f"{split}.tsv", "rb") as src, open(target, "wb") as dst:
+                zstandard.ZstdCompressor().copy_stream(src, dst)
 
 
 if __name__ == "__main__":

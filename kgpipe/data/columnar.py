@@ -21,7 +21,8 @@ lines, fields are taken as they are. A line it would not take as the line parser
 field count, a wrong label, invalid UTF-8, a lone carriage return) stops it:
 :func:`kgpipe.data.line_scan.locate_problem` reads the file once more, a line at a time, and raises
 the line parser's error with its line; a line longer than a block is read again in larger
-blocks. Files that change between reads are refused; Zstandard files go to the line parser.
+blocks. Files that change between reads are refused. Compressed files are decompressed as
+they are read (:func:`kgpipe.data.io.opened`).
 """
 
 from __future__ import annotations

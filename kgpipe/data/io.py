@@ -10,6 +10,7 @@ from __future__ import annotations
 import bz2
 import contextlib
 import gzip
+import io
 import lzma
 import os
 import zlib
@@ -209,7 +210,10 @@ def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[byte
             raise DataError(url, f"cannot decompress ({compression}): its package is not installed")
         store = _Store(raw)
         try:
-            yield compr[compression](store, mode="rb")
+            stream = compr[compression](store, mode="rb")
+            if compression == "zstd":  # zstandard's reader cannot be iterated by line
+                stream = io.BufferedReader(stream, buffer_size=1 << 20)
+            yield stream
         except (EOFError, zlib.error, lzma.LZMAError) as err:
             raise DataError(url, f"cannot decompress ({compression}): {err}") from None
         except OSError as err:  # the store's faults are retried or reported; else a bad stream

@@ -36,7 +36,6 @@ from kgpipe.data.io import (
     Fallback,
     read_bytes,
     reading_errors,
-    split_compression,
     where_relative,
 )
 from kgpipe.data.labels import Labels
@@ -136,8 +135,6 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
         return True
     delimiter = _delimiter(cfg)
     if len(delimiter.encode()) != 1 or delimiter in "\r\n" or cfg.columns is not None:
-        return False
-    if split_compression(src.url)[1] == "zstd":  # its stream reader cannot be iterated by line
         return False
     return detect_format(src.url, cfg.format) == "tsv" and cfg.header is not True
 
