@@ -31,6 +31,9 @@ class Exchange:
     def bind(self, trainer: Trainable) -> None:
         """Called once by the trainer that uses this exchange."""
 
+    def loaded(self, trainer: Trainable) -> None:
+        """Called after the trainer loaded a state (a resume) into its tables."""
+
     def agree_steps(self, steps: int) -> int:
         """A count of steps every rank goes on with (the steps per epoch the learning-rate
         schedules count with; the global step after an epoch), given this rank's own: the

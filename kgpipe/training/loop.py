@@ -279,6 +279,7 @@ class Trainer:
         self.epoch = state.epoch
         self.global_step = state.global_step
         self.history = [EpochStats.from_dict(h) for h in state.history]
+        self.exchange.loaded(self)
 
     def fit(self, epochs: int | None = None, *, until: int | None = None) -> list[EpochStats]:
         """Train until ``training.epochs`` (or ``epochs`` more, or epoch ``until``) are done."""
