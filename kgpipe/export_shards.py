@@ -191,5 +191,7 @@ class ShardedEmbeddings:
                 best_i = torch.cat((best_i, ids))
                 keep = torch.topk(best_s, min(k, best_s.numel())).indices
                 best_s, best_i = best_s[keep], best_i[keep]
-        keep = best_s > float("-inf")
+        # left out: the excluded; a NaN score (a broken row) stays, first, as in the whole
+        # model's top-k (dropped, the finite answers its NaN pushed out were lost: no answer)
+        keep = ~torch.isneginf(best_s)
         return best_s[keep].tolist(), best_i[keep].tolist()

@@ -623,3 +623,40 @@ def test_a_resume_with_other_entity_shards_is_refused_before_a_gang(tmp_path: Pa
     with pytest.raises(RunError, match=r"entity_shards=4, this config has 2; resume with"):
         train(other, resume=True)
     assert [m["epoch"] for m in _metrics(tmp_path, "s")] == [1]
+
+
+def test_a_sharded_exports_top_answers_are_the_whole_models_with_nan_rows() -> None:
+    """``kgpipe predict`` on a sharded export merges each part's top-k: NaN scores (broken
+    rows) filled it part after part, and the last filter dropped them with the finite answers
+    they had pushed out (2 answers of 5 here). It now equals the whole model's top-k."""
+    import numpy as np
+
+    from kgpipe.config import ModelConfig
+    from kgpipe.export_shards import ShardedEmbeddings
+    from kgpipe.models.model import KGEModel
+
+    model = KGEModel.build(ModelConfig(name="distmult", dim=8), num_entities=30,
+                           num_relations=2, seed=0)  # fmt: skip
+    with torch.no_grad():
+        model.entity[[3, 11, 25]] = float("nan")
+    table = model.entity.detach()
+    parts = {"p0": np.arange(0, 30, 3), "p1": np.arange(1, 30, 3), "p2": np.arange(2, 30, 3)}
+    emb = ShardedEmbeddings.__new__(ShardedEmbeddings)  # the parts from memory, not files
+    emb.spec, emb.interaction, emb.parts = model.spec, model.interaction, list(parts)
+    emb.relations = model.relation.detach()
+    read = {name: (ids, table[torch.from_numpy(ids)]) for name, ids in parts.items()}
+    emb._part = read.__getitem__  # type: ignore[method-assign]
+    emb.entity = table.__getitem__  # type: ignore[method-assign]
+    a, r = torch.tensor([0]), torch.tensor([1])
+    for side, scores in (("tail", model.score_all_tails(a, r)[0]),
+                         ("head", model.score_all_heads(r, a)[0])):  # fmt: skip
+        for k, exclude in ((5, ()), (8, (3, 4, 7))):
+            scores = scores.clone()
+            scores[list(exclude)] = float("-inf")
+            want = torch.topk(scores, k)
+            values, ids = emb.top(0, 1, side, k, exclude)
+            assert len(ids) == k, (side, ids)
+            nan = [i for i, v in zip(ids, values, strict=True) if v != v]
+            assert sorted(nan) == sorted({3, 11, 25} - set(exclude))  # first, in any order
+            assert ids[len(nan) :] == want.indices.tolist()[len(nan) :]
+            assert values[len(nan) :] == pytest.approx(want.values.tolist()[len(nan) :])
