@@ -24,7 +24,9 @@ the replicated strategy every rank holds:
   fetched rows and pushed gradients of a step, and the entity-to-shard map;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
-  the scores against every entity and their gradient (``2 b entities`` floats).
+  ``queries x entities`` float matrices (``2 b`` queries under 1vsAll, ``b`` under KvsAll): one
+  for the fused reciprocal cross-entropy of a bilinear model, else 2.25-5.25 by mode and loss
+  (:data:`_MATRICES`), 3 more for a distance model, and 3 table-sized gradients.
 
 On a GPU (:func:`gang_workers` asks each worker) the estimate is split (:meth:`RankMemory.on_gpu`):
 what lives on the card is checked against its free memory, what stays in host memory (a
@@ -66,6 +68,10 @@ TERMINATE_FRACTION = 0.95
 #: allocator's fragmentation, cuBLAS workspaces)
 CARD_FRACTION = 0.9
 _SLOTS = {"adam": 2, "adagrad": 1, "sgd": 0}
+#: score-sized matrices a 1vsAll/KvsAll step holds at its peak, by (mode, loss): fitted to
+#: measured peaks (session 54: d=16, 100k entities, 1.01-1.10 times what was measured)
+_MATRICES = {("1vsall", "cross_entropy"): 2.25, ("1vsall", "bce"): 4.0,
+             ("kvsall", "cross_entropy"): 5.25, ("kvsall", "bce"): 4.25}  # fmt: skip
 
 
 def format_bytes(n: float) -> str:
@@ -99,12 +105,10 @@ class RankMemory:
         )  # fmt: skip
 
     def describe(self) -> str:
-        parts = [
-            ("tables", self.tables), ("optimiser state", self.optimizer),
-            ("checkpoint copy", self.checkpoint), ("model averaging", self.averaging),
-            ("training triples", self.triples), ("step buffers", self.step),
-            ("validation", self.validation),
-        ]  # fmt: skip
+        parts = [("tables", self.tables), ("optimiser state", self.optimizer),
+                 ("checkpoint copy", self.checkpoint), ("model averaging", self.averaging),
+                 ("training triples", self.triples), ("step buffers", self.step),
+                 ("validation", self.validation)]  # fmt: skip
         return ", ".join(f"{name} {format_bytes(b)}" for name, b in parts if b)
 
     def on_gpu(self, *, training: bool = True) -> tuple[RankMemory, RankMemory]:
@@ -173,8 +177,13 @@ def rank_memory(
                 # its pool grows a quarter at a time (both pools for a moment: covered by the
                 # bound on rows, which counts every id a step draws, not the distinct others')
                 step += rows * (5 * m.dim + 32)
-    else:  # scores against every entity, and their gradient
-        step = 4 * 2 * batch * num_entities
+    else:  # (queries x entities) matrices: scores, the loss's temporaries, their gradients
+        bilinear, kv = INTERACTIONS.get(m.name).bilinear, t.mode == "kvsall"
+        fused = not kv and m.reciprocal and t.loss == "cross_entropy" and bilinear
+        mats = 1 if fused else _MATRICES[(t.mode, t.loss)] + (0 if bilinear else 3)
+        queries = batch if kv else 2 * batch  # 1vsAll: both sides of a triple
+        # and the whole table's gradient and the optimiser's temporaries of its update
+        step = int(4 * queries * num_entities * mats) + 3 * 4 * num_entities * m.dim
     args = (config, num_entities, num_train, world, valid_candidates)
     validation, validation_host = _validation(*args) if validates else (0, 0)
     return RankMemory(
@@ -193,28 +202,23 @@ def rank_memory(
 
 
 def _validation(
-    config: RunConfig,
-    num_entities: int,
-    num_train: int,
-    world: int,
+    config: RunConfig, num_entities: int, num_train: int, world: int,
     files: tuple[int, int] | None = None,
-) -> tuple[int, int]:
+) -> tuple[int, int]:  # fmt: skip
     """The bytes, and of them those in host memory (see :meth:`RankMemory.on_gpu`): the
     filter index (4 int64 per known triple, twice that while it is built) and a chunk's
     scores: float32 against the rank's candidates and the boolean of a comparison (the rank's
     range of entities when a gang splits full ranking, else all of them; a sample and the
-    chunk's targets); with per-query
-    candidates, each query's scores and about five int64 tensors per (query, candidate) pair
-    (ids, query index, filter keys, the draw and its shift), and the rows gathered for a group
-    of pairs; with candidate ``files`` ``(rows, k)``, also both sides' staged ids (mapped from
-    the run folder: Dask counts the pages read)."""
+    chunk's targets); with per-query candidates, each query's scores and about five int64
+    tensors per (query, candidate) pair (ids, query index, filter keys, the draw and its
+    shift), and the rows gathered for a group of pairs; with candidate ``files`` ``(rows,
+    k)``, also both sides' staged ids (mapped from the run folder: Dask counts the pages)."""
     ev = config.evaluation
     index = 2 * 4 * 8 * num_train
     k = ev.candidates if ev.candidates is not None else files[1] if files else None
     if k is not None:
-        staged = (
-            0 if files is None else 2 * files[0] * files[1] * (4 if num_entities < 2**31 else 8)
-        )
+        ids = 4 if num_entities < 2**31 else 8
+        staged = 0 if files is None else 2 * files[0] * files[1] * ids
         pairs = min(PAIRS, ev.batch_size * (1 + k))
         scoring = (4 + 1 + 8 * 5) * ev.batch_size * (1 + k) + 3 * 4 * 2 * config.model.dim * pairs
         return index + staged + scoring, index + staged
@@ -335,13 +339,9 @@ def check_gang_memory(
     training = need is None
     if need is None:
         need = rank_memory(
-            config,
-            num_entities=num_entities,
-            num_relations=num_relations,
-            num_train=num_train,
-            world=world,
-            valid_candidates=valid_candidates,
-        )
+            config, num_entities=num_entities, num_relations=num_relations, num_train=num_train,
+            world=world, valid_candidates=valid_candidates,
+        )  # fmt: skip
     sharded = config.distributed.strategy == "sharded" and world > 1
     short: list[tuple[str, int, int, RankMemory]] = []
     short_card: list[tuple[str, dict[str, int], RankMemory]] = []
