@@ -26,7 +26,7 @@ the replicated strategy every rank holds:
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
   ``queries x entities`` float matrices (``2 b`` queries under 1vsAll, ``b`` under KvsAll): one
   for the fused reciprocal cross-entropy of a bilinear model, else 2.25-5.25 by mode and loss
-  (:data:`_MATRICES`), 3 more for a distance model, and 3 table-sized gradients.
+  (:data:`_MATRICES`), 3.5 more for a distance model, and 3 table-sized gradients.
 
 On a GPU (:func:`gang_workers` asks each worker) the estimate is split (:meth:`RankMemory.on_gpu`):
 what lives on the card is checked against its free memory, what stays in host memory (a
@@ -69,7 +69,7 @@ TERMINATE_FRACTION = 0.95
 CARD_FRACTION = 0.9
 _SLOTS = {"adam": 2, "adagrad": 1, "sgd": 0}
 #: score-sized matrices a 1vsAll/KvsAll step holds at its peak, by (mode, loss): fitted to
-#: measured peaks (session 54: d=16, 100k entities, 1.01-1.10 times what was measured)
+#: measured peaks (``bench/step_memory.py``, session 54; distance models 3.5 more)
 _MATRICES = {("1vsall", "cross_entropy"): 2.25, ("1vsall", "bce"): 4.0,
              ("kvsall", "cross_entropy"): 5.25, ("kvsall", "bce"): 4.25}  # fmt: skip
 
@@ -180,7 +180,7 @@ def rank_memory(
     else:  # (queries x entities) matrices: scores, the loss's temporaries, their gradients
         bilinear, kv = INTERACTIONS.get(m.name).bilinear, t.mode == "kvsall"
         fused = not kv and m.reciprocal and t.loss == "cross_entropy" and bilinear
-        mats = 1 if fused else _MATRICES[(t.mode, t.loss)] + (0 if bilinear else 3)
+        mats = 1 if fused else _MATRICES[(t.mode, t.loss)] + (0 if bilinear else 3.5)
         queries = batch if kv else 2 * batch  # 1vsAll: both sides of a triple
         # and the whole table's gradient and the optimiser's temporaries of its update
         step = int(4 * queries * num_entities * mats) + 3 * 4 * num_entities * m.dim
