@@ -198,3 +198,32 @@ class ThreadsSeen(Callback):
         import torch
 
         Path(self.path).write_text(str(torch.get_num_threads()))
+
+
+class CountSplitRanking(Callback):
+    """Counts, on each rank, the blocks of a validation split over the gang's ranks and the
+    widest of them (the candidates the rank scored), into ``folder/split-<rank>`` as
+    ``calls widest``: a rank that ranked every entity itself would give the same metrics."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = str(folder)
+
+    def on_train_start(self, trainer: TrainerView) -> None:
+        import kgpipe.evaluation as ev
+
+        real, seen = ev.split_block_ranks, [0, 0]
+
+        def counted(block, *args, **kwargs):  # type: ignore[no-untyped-def]
+            seen[0] += 1
+            seen[1] = max(seen[1], int(block.shape[1]))
+            return real(block, *args, **kwargs)
+
+        self._real, self._seen = real, seen
+        ev.split_block_ranks = counted
+
+    def on_train_end(self, trainer: TrainerView) -> None:
+        import kgpipe.evaluation as ev
+
+        ev.split_block_ranks = self._real  # the worker process runs later gangs
+        calls, widest = self._seen
+        Path(self.folder, f"split-{trainer.rank}").write_text(f"{calls} {widest}")

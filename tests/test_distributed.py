@@ -29,9 +29,11 @@ BASE = {
 }
 
 
-def _run(tmp_path: Path, name: str, **sections: dict) -> dict[str, torch.Tensor]:
+def _run(
+    tmp_path: Path, name: str, rank_callbacks: list[Callback] | None = None, **sections: dict
+) -> dict[str, torch.Tensor]:
     data = {**BASE, **sections, "run": {**BASE["run"], "root": str(tmp_path), "name": name}}
-    train(parse_config(data))
+    train(parse_config(data), rank_callbacks=rank_callbacks or [])
     return load_file(tmp_path / name / "model.safetensors")
 
 
@@ -98,8 +100,16 @@ def test_every_rank_of_a_gang_validates_its_share_of_the_entities(
         "training": {"epochs": 2, "batch_size": 512, "negatives": 8, "lr": 1e-30},
         "evaluation": {"test": False, "every": 1, "candidates": candidates},
     }  # fmt: skip
+    from rank_callbacks import CountSplitRanking
+
     _run(tmp_path, "single", **sections)
-    _run(tmp_path, "gang", **sections, distributed={"workers": 2, "sync": "epoch"})
+    _run(tmp_path, "gang", **sections, distributed={"workers": 2, "sync": "epoch"},
+         rank_callbacks=[CountSplitRanking(tmp_path)])  # fmt: skip
+    split = [(tmp_path / f"split-{r}").read_text().split() for r in (0, 1)]
+    if candidates is None:  # each rank scored blocks of its half of UMLS's 135 entities
+        assert all(int(calls) > 0 and 0 < int(widest) <= 68 for calls, widest in split), split
+    else:
+        assert all(calls == "0" for calls, _ in split), split  # rank 0 ranked them alone
     rows = {
         name: [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
         for name in ("single", "gang")

@@ -308,7 +308,16 @@ def _split_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
 
     import torch.distributed as dist
 
+    import kgpipe.evaluation as ev
+
     torch.set_num_threads(1)
+    real, seen = ev.split_block_ranks, [0, 0]  # blocks counted, the widest (its candidates)
+
+    def counted(block: torch.Tensor, *args: Any) -> torch.Tensor:
+        seen[0], seen[1] = seen[0] + 1, max(seen[1], int(block.shape[1]))
+        return real(block, *args)
+
+    ev.split_block_ranks = counted
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
@@ -316,6 +325,8 @@ def _split_rank(rank: int, world: int, port: int, root: str, out: str) -> None:
         results = [_split_case(case, root, (rank, world)) for case in SPLIT_CASES]
     finally:
         dist.destroy_process_group()
+    with open(f"{out}.{rank}", "w") as f:
+        json.dump(seen, f)
     if rank == 0:
         with open(out, "w") as f:
             json.dump(results, f)
@@ -341,6 +352,9 @@ def test_evaluation_split_over_ranks_equals_one_process_exactly(
     out = tmp_path / "split.json"
     mp.spawn(_split_rank, args=(world, port, str(datasets_root), str(out)), nprocs=world)
     split = json.loads(out.read_text())
+    for rank in range(world):  # each rank scored its range, not every entity itself
+        calls, widest = json.loads(Path(f"{out}.{rank}").read_text())
+        assert calls > 0 and 0 < widest <= -(-14_541 // world), (rank, calls, widest)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the ranks: a reduction's order depends on the thread count
     try:

@@ -227,6 +227,12 @@ def test_retrain_warm_starts_and_skips_unchanged(
     for i in range(5):  # and the new ones were trained
         j = where[f"new-entity-{i}"]
         assert not torch.equal(init[j], final[j])
+    # and training went on from those vectors: its first epoch's loss is the trained model's,
+    # not a fresh one's (4.90 and 3.27 here; a run that skipped the warm start: 4.94)
+    first_loss = [
+        json.loads((r / "metrics.jsonl").read_text().splitlines()[0])["loss"] for r in (run1, run2)
+    ]
+    assert first_loss[1] < 0.8 * first_loss[0], first_loss
     assert json.loads((run2 / "results.json").read_text())["mrr"] > 0
     runs_before = sorted(p.name for p in (tmp_path / "runs").iterdir())
     third = retrain_kge(config, return_state=True)
