@@ -202,15 +202,27 @@ def test_killed_flow_process_resumes_the_study_without_repeating_trials(
         except Exception:  # not created yet
             return {}
 
-    try:
+    from study_support import committed_epochs, metrics_lines
+
+    trials = study_dir / "trials"
+
+    def committed() -> dict[int, int]:  # an unfinished trial -> its last committed epoch
+        return committed_epochs(trials, set(finished()))
+
+    try:  # killed with two trials done and one interrupted after a commit
         deadline = time.monotonic() + 240
-        while len(finished()) < 2 and proc.poll() is None and time.monotonic() < deadline:
+        while (len(finished()) < 2 or not committed()) and proc.poll() is None:
+            if time.monotonic() > deadline:
+                break
             time.sleep(0.2)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     before = finished()
     assert 2 <= len(before) < 6, log.read_text(errors="replace")[-2000:]
+    commits = committed()
+    assert commits, log.read_text(errors="replace")[-2000:]
+    trained = {n: metrics_lines(trials, n)[:epoch] for n, epoch in commits.items()}
 
     again = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env=prefect_server.client_env(),
@@ -221,9 +233,10 @@ def test_killed_flow_process_resumes_the_study_without_repeating_trials(
     assert sorted(after) == list(range(6))  # 6 in all: none repeated, none lost
     assert {n: after[n] for n in before} == before  # the finished ones kept as they were
     for n in range(6):  # a continued trial records each epoch once
-        lines = (study_dir / "trials" / f"trial-{n:04d}" / "metrics.jsonl").read_text()
-        epochs = [json.loads(line)["epoch"] for line in lines.splitlines() if line.strip()]
+        epochs = [json.loads(line)["epoch"] for line in metrics_lines(trials, n)]
         assert epochs == sorted(set(epochs)) and epochs[-1] == 8, (n, epochs)
+    for n, lines in trained.items():  # continued from its commit, not trained again (the
+        assert metrics_lines(trials, n)[: len(lines)] == lines, n  # timings would differ)
     assert json.loads((study_dir / "results.json").read_text())["trials"] == {"complete": 6}
 
 

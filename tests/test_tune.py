@@ -488,6 +488,10 @@ def test_search_on_two_workers_tests_only_the_winner(
     )
     settings = TuneSettings(root=str(tmp_path), name="s", trials=8, workers=2, seed=3)
     folder = prepare_study(base_config(), space, settings)
+    # the invalid pair as the first trial (in place of the base config's): seed 3 never drew
+    # it, and the check of failed trials below looped over none
+    invalid = {"training.mode": "1vsall", "training.loss": "softplus"}
+    load_optuna_study(folder).enqueue_trial(invalid)
     events: list[tuple[str, int]] = []
     results = run_and_summarize(folder, on_event=lambda e: events.append((e.kind, e.number)))
     study = load_optuna_study(folder)
@@ -495,6 +499,7 @@ def test_search_on_two_workers_tests_only_the_winner(
     assert len(trials) == 8
     assert sorted(n for k, n in events if k == "finished") == list(range(8))
     failed = [t for t in trials if t.state.name == "FAIL"]
+    assert failed and 0 in [t.number for t in failed]
     for t in failed:  # only the invalid combination fails, with the config's own message
         assert t.user_attrs["values"]["training.mode"] == "1vsall"
         assert "needs training.loss" in t.user_attrs["error"]
@@ -584,8 +589,15 @@ def test_killed_driver_resumes_the_study_without_repeating_trials(tmp_path: Path
             return []
         return [t for t in study.get_trials() if t.state.is_finished()]
 
-    try:
-        _wait_for(lambda: len(finished()) >= 2 or proc.poll() is not None, 240)
+    from study_support import committed_epochs, metrics_lines
+
+    trials_root = Path(folder.trials_root)
+
+    def committed() -> dict[int, int]:  # an unfinished trial -> its last committed epoch
+        return committed_epochs(trials_root, {t.number for t in finished()})
+
+    try:  # killed with two trials done and one interrupted after a commit
+        _wait_for(lambda: (len(finished()) >= 2 and committed()) or proc.poll() is not None, 240)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its cluster, mid-study
         proc.wait()
@@ -593,6 +605,10 @@ def test_killed_driver_resumes_the_study_without_repeating_trials(tmp_path: Path
     assert 2 <= len(before) < 6, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
     study = load_optuna_study(folder)
     left_running = [t.number for t in study.get_trials() if t.state.name == "RUNNING"]
+    commits = committed()
+    assert commits and set(commits) <= set(left_running), (commits, left_running)
+
+    trained = {n: metrics_lines(trials_root, n)[:epoch] for n, epoch in commits.items()}
 
     resumed = open_study_folder(folder.path)
     logs: list[str] = []
@@ -604,11 +620,10 @@ def test_killed_driver_resumes_the_study_without_repeating_trials(tmp_path: Path
             assert (t.value, t.datetime_complete) == before[t.number]
     for n in left_running:  # interrupted trials continue from their checkpoint
         assert f"trial {n}:" in "\n".join(logs)
-        metrics = (
-            Path(folder.trials_root, f"trial-{n:04d}", "metrics.jsonl").read_text().splitlines()
-        )
-        epochs = [json.loads(m)["epoch"] for m in metrics]
+        epochs = [json.loads(m)["epoch"] for m in metrics_lines(trials_root, n)]
         assert epochs == sorted(set(epochs)), epochs  # no epoch recorded twice
+    for n, lines in trained.items():  # the committed epochs were not trained again (their
+        assert metrics_lines(trials_root, n)[: len(lines)] == lines, n  # timings would differ)
     assert json.loads(folder.file("results.json").read_text())["trials"]["complete"] == 6
 
 
