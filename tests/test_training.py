@@ -727,3 +727,22 @@ def test_a_diverged_epoch_stops_training_with_a_clear_error() -> None:
     with pytest.raises(Diverged, match=r"epoch 1: the training loss is (nan|inf).*training.lr"):
         trainer.fit()
     assert trainer.epoch == 0 and trainer.history == []
+
+
+def test_fitting_past_the_end_of_a_decaying_schedule_is_refused() -> None:
+    """``fit(epochs=...)`` past ``training.epochs`` under cosine or linear decay trained the
+    extra epochs at learning rate 0 (the schedule's progress is clamped at its end)."""
+    for schedule in ("cosine", "linear"):
+        cfg = TrainingConfig(batch_size=8, negatives=4, epochs=1, schedule=schedule)
+        trainer = Trainer(_model("distmult"), _triples(16), training=cfg,
+                          regularizer=RegularizerConfig(), seed=0)  # fmt: skip
+        with pytest.raises(ValueError, match="would train at rate 0"):
+            trainer.fit(epochs=2)
+        assert trainer.epoch == 0
+        trainer.fit()  # to training.epochs: as configured
+        assert trainer.epoch == 1
+    cfg = TrainingConfig(batch_size=8, negatives=4, epochs=1)  # constant: any length
+    trainer = Trainer(_model("distmult"), _triples(16), training=cfg,
+                      regularizer=RegularizerConfig(), seed=0)  # fmt: skip
+    trainer.fit(epochs=2)
+    assert trainer.epoch == 2

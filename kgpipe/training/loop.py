@@ -287,6 +287,11 @@ class Trainer:
             target = until
         else:
             target = self.cfg.epochs if epochs is None else self.epoch + epochs
+        if target > self.cfg.epochs and not self.schedule.extendable:
+            raise ValueError(
+                f"training.schedule={self.cfg.schedule} reaches 0 at training.epochs="
+                f"{self.cfg.epochs}: epochs past it would train at rate 0 (set training.epochs)"
+            )
         for cb in self.callbacks:
             cb.on_train_start(self.view)
         while self.epoch < target:
