@@ -360,24 +360,32 @@ def test_the_gang_reports_the_steps_of_its_mode(tmp_path: Path) -> None:
     assert seen.steps == {per_epoch} and seen.last_step == 2 * per_epoch
 
 
-def test_modes_that_need_every_triple_on_a_rank_are_refused_where_a_rank_has_a_part() -> None:
+def test_modes_that_need_every_triple_on_a_rank_are_refused_where_a_rank_has_a_part(
+    tmp_path: Path,
+) -> None:
     """Under epoch sync a rank trains on its shards of the triples: KvsAll's multi-hot targets
     then marked the answers other ranks held as false (on UMLS with 2 workers, 9,649 known
-    answers against 10,432 true labels). A sharded table cannot score every entity."""
+    answers against 10,432 true labels). Refused where a run starts or resumes, not where a
+    config is read (a run finished before must still open). A sharded table cannot score every
+    entity."""
     from kgpipe.errors import ConfigError
+    from kgpipe.runs.stage import preflight
 
     def config(mode: str, **distributed: Any) -> Any:
         loss = "bce" if mode == "kvsall" else "cross_entropy"
-        return parse_config({**BASE, "training": {"mode": mode, "loss": loss},
+        return parse_config({**BASE, "run": {"root": str(tmp_path), "name": mode},
+                             "training": {"mode": mode, "loss": loss},
                              "distributed": distributed})  # fmt: skip
 
+    refused = config("kvsall", workers=2, sync="epoch")  # read: as a finished run's would be
     with pytest.raises(ConfigError, match="answers held by other ranks would be trained as false"):
-        config("kvsall", workers=2, sync="epoch")
+        preflight(refused)
     with pytest.raises(ConfigError, match="every rank would need the whole table"):
         config("1vsall", workers=2, strategy="sharded")
-    config("kvsall", workers=2, sync="step")  # every rank holds every triple
-    config("kvsall", workers=1, sync="epoch")
-    config("1vsall", workers=2, sync="epoch")  # one triple's query: nothing else to mark
+    for ok in (config("kvsall", workers=2, sync="step"),  # every rank holds every triple
+               config("kvsall", workers=1, sync="epoch"),
+               config("1vsall", workers=2, sync="epoch")):  # one query a triple  # fmt: skip
+        preflight(ok)
 
 
 class _ReadsTheModel(Callback):

@@ -73,6 +73,17 @@ def test_rank_memory_is_the_tables_their_state_a_checkpoint_and_the_triples() ->
                          training={"mode": mode, "loss": loss})  # fmt: skip
         got = rank_memory(config, num_entities=1000, num_relations=5, num_train=0, world=1)
         assert got.step == int(4 * queries * 1000 * mats) + 3 * 4 * 1000 * 10, (name, mode)
+    # a loss registered elsewhere (not measured) counts as the most of the measured ones
+    from kgpipe.training.losses import LOSSES, BCELoss
+
+    LOSSES.register("bce-like")(type("BCELike", (BCELoss,), {}))
+    try:
+        config = _config(model={"name": "distmult", "dim": 10},
+                         training={"mode": "1vsall", "loss": "bce-like"})  # fmt: skip
+        got = rank_memory(config, num_entities=1000, num_relations=5, num_train=0, world=1)
+        assert got.step == int(4 * 2 * 1024 * 1000 * 5.25) + 3 * 4 * 1000 * 10
+    finally:
+        LOSSES._classes.pop("bce-like", None)
     assert (m.optimizer, m.checkpoint) == (tables, 2 * tables)
     assert m.averaging == tables + 4 * (1000 + 5)  # the epoch's start and per-row counts
     validating = _config(

@@ -220,6 +220,15 @@ def test_alternatives_exclusive_by_the_space_or_the_base_are_accepted() -> None:
         "training.batch_size:\n"
         "  - {choices: [128, 256], when: {training.mode: 1vsall}}\n"
         "  - {choices: [512, 1024], when: {training.optimizer: adam}}\n"
+        # exclusive through a key set by alternatives (negatives 8 only with dim 16): not
+        # judged, so not refused
+        "model.dim: {choices: [16, 32]}\n"
+        "training.negatives:\n"
+        "  - {choices: [8], when: {model.dim: 16}}\n"
+        "  - {choices: [16], when: {model.dim: 32}}\n"
+        "training.chunk_size:\n"
+        "  - {choices: [4], when: {training.negatives: 8}}\n"
+        "  - {choices: [8], when: {model.dim: 32}}\n"
     )
     check_space(SearchSpace.from_yaml(text, source="space.yaml"), base_config())
 

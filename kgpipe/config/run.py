@@ -60,13 +60,6 @@ class RunConfig(Frozen):
                 f"{self.training.mode}: a {self.training.mode} step scores every entity, so "
                 "every rank would need the whole table"
             )
-        d = self.distributed
-        if d.sync == "epoch" and d.workers > 1 and self.training.mode == "kvsall":
-            raise ValueError(
-                "distributed.sync=epoch splits the training triples among the ranks, so a "
-                "kvsall query's answers held by other ranks would be trained as false; use "
-                "sync=step or training.mode 1vsall/negative_sampling"
-            )
         return self
 
     @model_validator(mode="after")

@@ -24,9 +24,8 @@ the replicated strategy every rank holds:
   fetched rows and pushed gradients of a step, and the entity-to-shard map;
 * a step's buffers, for its share of the batch ``b``: the gathered rows of the positives and
   negatives and their gradients (``2 b (negatives + 2) dim`` floats), or under 1vsAll/KvsAll
-  ``queries x entities`` float matrices (``2 b`` queries under 1vsAll, ``b`` under KvsAll): one
-  for the fused reciprocal cross-entropy of a bilinear model, else 2.25-5.25 by mode and loss
-  (:data:`_MATRICES`), 3.5 more for a distance model, and 3 table-sized gradients.
+  ``queries x entities`` float matrices (``2 b`` queries under 1vsAll, ``b`` under KvsAll; by
+  mode and loss, :data:`_MATRICES`) and 3 table-sized gradients.
 
 On a GPU (:func:`gang_workers` asks each worker) the estimate is split (:meth:`RankMemory.on_gpu`):
 what lives on the card is checked against its free memory, what stays in host memory (a
@@ -48,6 +47,7 @@ from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import ConfigError
 from kgpipe.models.interactions import INTERACTIONS
 from kgpipe.query_candidates import PAIRS
+from kgpipe.training.losses import LOSSES
 
 if TYPE_CHECKING:
     from kgpipe.runs.folder import RunFolder
@@ -68,8 +68,9 @@ TERMINATE_FRACTION = 0.95
 #: allocator's fragmentation, cuBLAS workspaces)
 CARD_FRACTION = 0.9
 _SLOTS = {"adam": 2, "adagrad": 1, "sgd": 0}
-#: score-sized matrices a 1vsAll/KvsAll step holds at its peak, by (mode, loss): fitted to
-#: measured peaks (``bench/step_memory.py``, session 54; distance models 3.5 more)
+#: score-sized matrices a 1vsAll/KvsAll step holds at its peak, by (mode, loss), fitted to
+#: measured peaks (``bench/step_memory.py``, session 54): 3.5 more for a distance model, 1
+#: for the fused reciprocal softmax of a bilinear model, the most for a loss not measured
 _MATRICES = {("1vsall", "cross_entropy"): 2.25, ("1vsall", "bce"): 4.0,
              ("kvsall", "cross_entropy"): 5.25, ("kvsall", "bce"): 4.25}  # fmt: skip
 
@@ -99,10 +100,8 @@ class RankMemory:
 
     @property
     def total(self) -> int:
-        return (
-            self.tables + self.optimizer + self.checkpoint + self.averaging + self.triples
-            + self.step + self.validation
-        )  # fmt: skip
+        parts = (self.tables, self.optimizer, self.checkpoint, self.averaging, self.triples)
+        return sum(parts) + self.step + self.validation
 
     def describe(self) -> str:
         parts = [("tables", self.tables), ("optimiser state", self.optimizer),
@@ -179,8 +178,9 @@ def rank_memory(
                 step += rows * (5 * m.dim + 32)
     else:  # (queries x entities) matrices: scores, the loss's temporaries, their gradients
         bilinear, kv = INTERACTIONS.get(m.name).bilinear, t.mode == "kvsall"
-        fused = not kv and m.reciprocal and t.loss == "cross_entropy" and bilinear
-        mats = 1 if fused else _MATRICES[(t.mode, t.loss)] + (0 if bilinear else 3.5)
+        fused = not kv and m.reciprocal and LOSSES.get(t.loss).softmax and bilinear
+        mats = _MATRICES.get((t.mode, t.loss), max(_MATRICES.values())) + 3.5 * (not bilinear)
+        mats = 1 if fused else mats
         queries = batch if kv else 2 * batch  # 1vsAll: both sides of a triple
         # and the whole table's gradient and the optimiser's temporaries of its update
         step = int(4 * queries * num_entities * mats) + 3 * 4 * num_entities * m.dim

@@ -113,6 +113,13 @@ def _check_trainable(config: RunConfig) -> None:
     """What a run may not train with, refused where it starts or resumes, not wherever a
     config is read: a finished run that has it is still read (evaluate, predict, export)."""
     _check_placement(config)
+    d = config.distributed
+    if d.sync == "epoch" and d.workers > 1 and config.training.mode == "kvsall":
+        raise ConfigError(
+            "distributed.sync=epoch splits the training triples among the ranks, so a kvsall "
+            "query's answers held by other ranks would be trained as false: use sync=step or "
+            "training.mode 1vsall/negative_sampling"
+        )
     if config.evaluation.patience and not config.checkpoint.keep_best:
         raise ConfigError(
             "checkpoint.keep_best=false with evaluation.patience: under early stopping the "

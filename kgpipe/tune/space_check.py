@@ -87,8 +87,9 @@ def _overlapping(params: Sequence[Param], source: str, base: RunConfig | None) -
     """Refuse two alternatives of one key whose conditions can both hold: both were drawn,
     and the second overwrote the first (a wasted draw that Optuna still records, so its
     importance plot credited a value no trial used). Each condition's key takes the choices
-    of its one unconditional entry above, else the base config's value where the space does
-    not set it, else any value."""
+    of its one unconditional entry above, or the base config's value where the space does not
+    set it; refused only where every key so known can meet both conditions (a key set by
+    alternatives of its own, or by a range, may tie its values to another's: not judged)."""
     tree = base.model_dump(mode="json") if base is not None else None
 
     def takes(key: str, above: Sequence[Param]) -> tuple[Any, ...] | None:
@@ -107,11 +108,14 @@ def _overlapping(params: Sequence[Param], source: str, base: RunConfig | None) -
             if first.key != second.key:
                 continue
             a, b = dict(first.when), dict(second.when)
-            for key in {*a, *b}:  # exclusive where one key cannot meet both
-                sets = [v for v in (a.get(key), b.get(key), takes(key, params[:j])) if v]
-                if not any(all(x in v for v in sets[1:]) for x in sets[0]):
-                    break
-            else:
+            values = {key: takes(key, params[:j]) for key in {*a, *b}}
+            if any(v is _ANY for v in values.values()):
+                continue
+            if all(  # each key has a value that meets both conditions
+                any(x in a.get(key, v) and x in b.get(key, v) for x in v)
+                for key, v in values.items()
+                if v is not None
+            ):
                 raise ConfigError(
                     f"{source}: {second.key}: two alternatives can both hold (when {a} and "
                     f"when {b}): the second would overwrite the first; make them exclusive"
