@@ -337,12 +337,34 @@ def test_a_file_error_names_its_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     )
 
 
-def test_key_lines_follow_lists_and_merges() -> None:
-    from kgpipe.config.io import key_lines
+def test_key_lines_follow_lists_merges_and_aliases() -> None:
+    from kgpipe.config.io import key_line
 
-    text = "a:\n  - x: 1\n  - y:\n      z: 2\nm: &m\n  k: 1\n  j: 2\nn:\n  <<: *m\n  j: 3\n"
-    assert key_lines(text) == {
-        "a": 1, "a.0.x": 2, "a.1.y": 3, "a.1.y.z": 4,
-        "m": 5, "m.k": 6, "m.j": 7, "n": 8, "n.j": 10, "n.k": 6,
+    text = (
+        "a:\n  - x: 1\n  - y:\n      z: 2\nm: &m\n  k: 1\n  j: 2\nn:\n  <<: *m\n  j: 3\n"
+        "o: &o\n  p: 1\nq:\n  <<: [*o, *m]\n  r: 4\n"
+    )
+    line = key_line(text)
+    want = {
+        "a": 1, "a.0.x": 2, "a.1.y": 3, "a.1.y.z": 4, "m": 5, "m.k": 6, "m.j": 7,
+        "n": 8, "n.j": 10, "n.k": 6,  # the merge's key where not given beside it
+        "q.p": 12, "q.k": 6, "q.r": 15,  # a list of merges (was q.0.p, q.1.k)
+        "a.2": None, "n.x": None, "x": None, "a.0.x.y": None,
     }  # fmt: skip
-    assert key_lines("") == {} and key_lines("# nothing\n") == {}
+    assert {path: line(path) for path in want} == want
+    assert key_line("")("a") is None and key_line("# nothing\n")("a") is None
+    # an alias is followed, not expanded: a recursive one, and ten levels of ten
+    assert key_line("x: &a\n  - *a\n")("x.0.0.0") == 1  # the anchored list's line
+    nested = "l0: &l0 [1, 2]\n" + "".join(
+        f"l{i}: &l{i} [{', '.join(f'*l{i - 1}' for _ in range(10))}]\n" for i in range(1, 10)
+    )
+    assert key_line(nested)("l9.3.3.3.3.3.3.3.3.3.1") == 1
+
+
+def test_a_config_with_a_recursive_alias_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "rec.yaml"
+    bad.write_text("data: {dataset: umls}\nx: &a\n  - *a\n")
+    err = _train(["-c", str(bad)], capsys).strip()
+    assert err == f"error: {bad}, line 2: x: unknown key", err

@@ -7,7 +7,7 @@ rules live in ``model_validator`` hooks. ``--set a.b=c`` overrides are parsed as
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import yaml
@@ -42,11 +42,11 @@ def _format_validation_error(
     err: ValidationError,
     source: str,
     overrides: Mapping[str, str],
-    key_lines: Mapping[str, int],
+    key_line: Callable[[str], int | None] | None,
 ) -> str:
     """``SOURCE, line N: path: problem`` for one error; ``SOURCE: invalid configuration:``
-    and one indented ``line N: path: problem`` per error for several (``key_lines``: the line
-    of each dotted key path in the file, where known). An error in a value given with ``--set``
+    and one indented ``line N: path: problem`` per error for several (``key_line``: the line
+    of a dotted key path in the file, where known). An error in a value given with ``--set``
     is blamed on that ``--set`` item, not on the file; an unknown key gets the closest known
     one."""
     from kgpipe.config.keys import suggest_key
@@ -69,7 +69,8 @@ def _format_validation_error(
                 i for k, i in overrides.items() if path == "(root)" or k.startswith(f"{path}.")
             ]
             text += f" (with --set {', --set '.join(within)})" if within else ""
-            text = f"line {key_lines[path]}: {text}" if path in key_lines else text
+            at = key_line(path) if key_line is not None else None
+            text = f"line {at}: {text}" if at is not None else text
         lines.append((item, text))
     blamed = {item for item, _ in lines}
     where = source
@@ -92,11 +93,11 @@ def parse_config(
     *,
     source: str = "config",
     overrides: Mapping[str, str] | None = None,
-    key_lines: Mapping[str, int] | None = None,
+    key_line: Callable[[str], int | None] | None = None,
 ) -> RunConfig:
     """Validate a mapping into a :class:`RunConfig`; errors name the dotted key path (and the
     ``--set`` item, given ``overrides``: dotted path -> the item that set it; the line in the
-    file, given ``key_lines``: dotted path -> line, :func:`key_lines`)."""
+    file, given ``key_line``: dotted path -> line, :func:`key_line`)."""
     if not isinstance(data, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
     # a section whose every key is commented out (`training:`) is YAML's null: its defaults
@@ -104,7 +105,7 @@ def parse_config(
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as err:
-        message = _format_validation_error(err, source, overrides or {}, key_lines or {})
+        message = _format_validation_error(err, source, overrides or {}, key_line)
         raise ConfigError(message) from None
 
 
@@ -258,33 +259,43 @@ def load_yaml(text: str, source: str) -> Any:
         raise ConfigError(f"{source}, {err}") from None
 
 
-def key_lines(text: str) -> dict[str, int]:
-    """The line (1-based) of every dotted key path of a YAML text that loads (list items by
-    their index, keys from a ``<<: *anchor`` merge where not given beside it), for the
-    schema's errors."""
-    found: dict[str, int] = {}
+def key_line(text: str) -> Callable[[str], int | None]:
+    """The line (1-based) of a dotted key path in a YAML text that loads, for the schema's
+    errors: list items by their index, a key of a ``<<: *anchor`` merge (or a list of them,
+    the first first) where it is not given beside it; ``None`` where the path is not there.
+    The text is composed once, at the first call (only an invalid config pays for it), and
+    each call walks its path only: aliases are followed, never expanded."""
+    root: list[Any] = []
 
-    def walk(node: yaml.Node, prefix: str, merged: bool = False) -> None:
-        if isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                walk(item, f"{prefix}{i}.", merged)
-        if not isinstance(node, yaml.MappingNode):
-            return
-        merges = [v for k, v in node.value if k.tag == "tag:yaml.org,2002:merge"]
+    def child(node: Any, part: str, seen: frozenset[int]) -> tuple[Any, int | None]:
+        if isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            item = node.value[int(part)]
+            return item, item.start_mark.line + 1
+        if not isinstance(node, yaml.MappingNode) or id(node) in seen:
+            return None, None
+        merges: list[Any] = []
         for k, v in node.value:
-            if k.tag != "tag:yaml.org,2002:merge" and isinstance(k, yaml.ScalarNode):
-                path = f"{prefix}{k.value}"
-                if merged and path in found:  # given beside the merge: that one counts
-                    continue
-                found[path] = k.start_mark.line + 1
-                walk(v, f"{path}.", merged)
-        for v in merges:  # a merged mapping, or a list of them: only the keys not given here
-            walk(v, prefix, merged=True)
+            if k.tag == "tag:yaml.org,2002:merge":
+                merges += v.value if isinstance(v, yaml.SequenceNode) else [v]
+            elif isinstance(k, yaml.ScalarNode) and k.value == part:
+                return v, k.start_mark.line + 1
+        for m in merges:
+            found = child(m, part, seen | {id(node)})
+            if found[0] is not None:
+                return found
+        return None, None
 
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
-    if node is not None:
-        walk(node, "")
-    return found
+    def line(path: str) -> int | None:
+        if not root:
+            root.append(yaml.compose(text, Loader=yaml.SafeLoader))
+        node, at = root[0], None
+        for part in path.split("."):
+            node, at = child(node, part, frozenset())
+            if node is None:
+                return None
+        return at
+
+    return line
 
 
 def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
@@ -298,7 +309,7 @@ def load_config(url: str, overrides: Iterable[str] = ()) -> RunConfig:
     overrides = list(overrides)
     paths = {item.split("=", 1)[0].strip(): item for item in overrides if "=" in item}
     return parse_config(
-        apply_overrides(data, overrides), source=url, overrides=paths, key_lines=key_lines(text)
+        apply_overrides(data, overrides), source=url, overrides=paths, key_line=key_line(text)
     )
 
 

@@ -146,7 +146,7 @@ def _sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
         d2 = torch.addmm(cc, q, c.transpose(-1, -2), alpha=-2.0)
     # in place: neither baddbmm/addmm nor add need their output for the backward pass
     d2.add_(qq)
-    if d2.numel():  # a row's bound first (one pass, no (b, n) temporary), then each pair's
+    if d2.numel():  # a row's bound first (one pass: a boolean (b, n)), then each pair's
         some = (d2 < (qq + cc.amax(-1, keepdim=True)) * NEAR).nonzero(as_tuple=True)
         if some[0].numel():
             qs, cs = (some[:-1], some[-1]) if q.dim() == 2 else (some[:-1], (some[0], some[-1]))
