@@ -34,6 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "parts",  # pluggable families (registries) and what they need: no config types
         (
             "kgpipe.models",
+            "kgpipe.models.distances",
             "kgpipe.models.interactions",
             "kgpipe.models.spec",
             "kgpipe.devices",

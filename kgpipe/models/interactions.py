@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from kgpipe.models.distances import sqdist_mm
 from kgpipe.registry import Registry
 
 log = logging.getLogger("kgpipe.models")
@@ -125,39 +126,6 @@ def _split(x: Tensor) -> tuple[Tensor, Tensor]:
     return x[..., :half], x[..., half:]
 
 
-#: a pair whose squared distance is below this share of ``|q|² + |c|²`` is computed directly
-NEAR = 1e-3
-
-
-def _sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
-    """Squared Euclidean distances ``(*g, b, n)`` through a matrix product, floored at 1e-12.
-
-    ``|q|² + |c|² - 2 q·c`` cancels where ``q`` and ``c`` are close next to their norms (the
-    answers a trained model puts first): in float32 a distance of 0.01 between rows of norm 10
-    was 5 % off, and near answers ranked out of order. Such pairs (below :data:`NEAR` of the
-    norms, decided per pair) are computed again as ``|q - c|²``, as :meth:`TransE.score` does.
-    The floor keeps the gradient of a following ``sqrt`` finite at zero distance.
-    """
-    qq = (q * q).sum(-1, keepdim=True)
-    cc = (c * c).sum(-1).unsqueeze(-2)
-    if q.dim() == 3:
-        d2 = torch.baddbmm(cc, q, c.transpose(-1, -2), alpha=-2.0)
-    else:
-        d2 = torch.addmm(cc, q, c.transpose(-1, -2), alpha=-2.0)
-    # in place: neither baddbmm/addmm nor add need their output for the backward pass
-    d2.add_(qq)
-    if d2.numel():  # a row's bound first (one pass: a boolean (b, n)), then each pair's
-        some = (d2 < (qq + cc.amax(-1, keepdim=True)) * NEAR).nonzero(as_tuple=True)
-        if some[0].numel():
-            qs, cs = (some[:-1], some[-1]) if q.dim() == 2 else (some[:-1], (some[0], some[-1]))
-            qp, cp = q[qs], c[cs]
-            near = d2[some] < ((qp * qp).sum(-1) + (cp * cp).sum(-1)) * NEAR
-            pairs = tuple(i[near] for i in some)
-            qp, cp = qp[near], cp[near]
-            d2 = d2.index_put(pairs, ((qp - cp) ** 2).sum(-1))
-    return d2.clamp_min(1e-12)
-
-
 @INTERACTIONS.register("transe")
 class TransE(Interaction):
     """Translational distance ``γ - ‖h + r - t‖_p`` (Bordes et al., 2013)."""
@@ -173,7 +141,7 @@ class TransE(Interaction):
 
     def _dist(self, q: Tensor, c: Tensor) -> Tensor:
         if self.p == 2:
-            return _sqdist_mm(q, c).sqrt()
+            return sqdist_mm(q, c).sqrt()
         return torch.cdist(q, c, p=1.0)
 
     def score(self, h: Tensor, r: Tensor, t: Tensor) -> Tensor:
