@@ -197,8 +197,9 @@ def test_rotate_falls_back_to_the_sliced_kernel_when_compiling_fails(
 def test_transe_distances_of_near_candidates_are_exact_in_float32() -> None:
     """``|q|² + |c|² - 2 q·c`` cancels for candidates near the query: with rows of norm ~8
     the 20 candidates at distances 0.0005 i came out with 10 distinct distances, the nearest
-    ranked 5th. Near pairs are computed directly: the order is the true one, the distances as
-    ``score`` gives them; 1-vs-all, grouped (3-D) and their gradients alike."""
+    ranked 5th. Where no gradient is taken (ranking, predict) near pairs are computed
+    directly: the order is the true one, the distances as ``score`` gives them; 1-vs-all and
+    grouped (3-D) alike. A training step keeps the product (and its gradient)."""
     torch.manual_seed(0)
     inter = TransE(p=2)
     h, r = torch.randn(2, 200) * 0.6, torch.randn(2, 200) * 0.1
@@ -215,7 +216,8 @@ def test_transe_distances_of_near_candidates_are_exact_in_float32() -> None:
         torch.testing.assert_close(scores[i], want, rtol=1e-4, atol=1e-6)
     grouped = inter.score_tails(h.unsqueeze(0), r.unsqueeze(0), cand.unsqueeze(0))
     torch.testing.assert_close(grouped[0], scores)
-    # the pairs computed directly pass their gradient (float64, near pairs included)
+    # with a gradient: the product as it was (a training step), its gradient sound (far
+    # candidates: finite differences of the product's near distances are noise, even in float64)
     h64, r64 = h[:1].double().requires_grad_(), r[:1].double().requires_grad_()
-    c64 = cand[:5].double().requires_grad_()
+    c64 = cand[40:45].double().requires_grad_()
     assert torch.autograd.gradcheck(lambda a, b, c: inter.score_tails(a, b, c), (h64, r64, c64))

@@ -17,9 +17,10 @@ def sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
 
     ``|q|² + |c|² - 2 q·c`` cancels where ``q`` and ``c`` are close next to their norms (the
     answers a trained model puts first): in float32 a distance of 0.01 between rows of norm 10
-    was 5 % off, and near answers ranked out of order. Such pairs (below :data:`NEAR` of the
-    norms, decided per pair) are computed again as ``|q - c|²``, as TransE's per-triple
-    ``score`` does.
+    was 5 % off, and near answers ranked out of order. Where no gradient is taken (ranking,
+    ``predict``), such pairs (below :data:`NEAR` of the norms, decided per pair) are computed
+    again as ``|q - c|²``, as TransE's per-triple ``score`` does; a training step keeps the
+    product (finding them costs a device sync, and a near negative's loss is barely moved).
     The floor keeps the gradient of a following ``sqrt`` finite at zero distance.
     """
     qq = (q * q).sum(-1, keepdim=True)
@@ -30,7 +31,8 @@ def sqdist_mm(q: Tensor, c: Tensor) -> Tensor:
         d2 = torch.addmm(cc, q, c.transpose(-1, -2), alpha=-2.0)
     # in place: neither baddbmm/addmm nor add need their output for the backward pass
     d2.add_(qq)
-    if d2.numel():  # a row's bound first (one pass: a boolean (b, n)), then each pair's
+    if d2.numel() and not d2.requires_grad:  # a row's bound first (a boolean (b, n)), then
+        # each pair's
         some = (d2 < (qq + cc.amax(-1, keepdim=True)) * NEAR).nonzero(as_tuple=True)
         if some[0].numel():
             qs, cs = (some[:-1], some[-1]) if q.dim() == 2 else (some[:-1], (some[0], some[-1]))

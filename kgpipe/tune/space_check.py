@@ -58,7 +58,6 @@ def check_conditions(params: Sequence[Param], source: str, base: RunConfig | Non
     an entry no trial can sample (a value its key's choices never give: a typo), unless
     another alternative of its key can be (a narrowed space leaves some alternatives out),
     and two alternatives of a key that can both hold (:func:`_overlapping`)."""
-    _overlapping(params, source, base)
     dead: dict[str, dict[str, str]] = {}  # key -> its entries no trial samples -> why
     for i, param in enumerate(params):
         for wkey, allowed in param.when:
@@ -78,6 +77,7 @@ def check_conditions(params: Sequence[Param], source: str, base: RunConfig | Non
     for key, why in dead.items():
         if len(why) == sum(p.key == key for p in params):  # none of its entries is sampled
             raise ConfigError(f"{source}: {key}: {next(iter(why.values()))}")
+    _overlapping(params, source, base)  # (after: a `when` read below its key is the error)
 
 
 _ANY = None  # a condition's key that may take any value
