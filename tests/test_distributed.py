@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import time
@@ -681,3 +682,30 @@ def test_an_existing_schedulers_workers_size_their_threads_themselves() -> None:
             assert client.submit(_sized, config, pure=False).result().training.threads == 3
         with open_cluster(outside.scheduler_address, workers=1, threads_per_worker=2) as client:
             assert list(client.run(_threads_here).values()) == [("2", 2)]
+
+
+def _settings_here(dask_worker: Any) -> tuple[Any, ...]:
+    kgpipe_plugins = [name for name in dask_worker.plugins if name.startswith("kgpipe")]
+    filters = [type(f).__name__ for f in logging.getLogger("distributed.worker").filters]
+    return (
+        _threads_here(), os.environ.get("MKL_NUM_THREADS"),
+        torch.are_deterministic_algorithms_enabled(), kgpipe_plugins, filters,
+    )  # fmt: skip
+
+
+def test_an_existing_schedulers_workers_get_their_settings_back() -> None:
+    """kgpipe's worker set-up stayed registered on a scheduler it did not start: the workers
+    kept the run's thread count, environment and deterministic kernels, and every worker
+    that joined later took them too. Leaving the cluster now removes it, which restores them."""
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=3, processes=True,
+                      dashboard_address=None, host="127.0.0.1") as outside:  # fmt: skip
+        with Client(outside.scheduler_address) as client:
+            before = list(client.run(_settings_here).values())
+        assert before[0][2] is False and before[0][3] == []  # the worker's own settings
+        with open_cluster(outside.scheduler_address, workers=1, threads_per_worker=2) as client:
+            during = list(client.run(_settings_here).values())
+        assert during[0][0] == ("2", 2) and during[0][2] is True and len(during[0][3]) == 1
+        with Client(outside.scheduler_address) as client:
+            assert list(client.run(_settings_here).values()) == before

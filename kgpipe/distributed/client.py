@@ -8,9 +8,11 @@ import logging
 import os
 import signal
 import threading
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from distributed import Client
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -47,9 +49,12 @@ class _QuietClose(logging.Filter):
 
 
 class TorchWorkerSetup(WorkerPlugin):
-    """Per-worker set-up at worker start: the worker's share of torch threads, its environment."""
+    """Per-worker set-up at worker start: the worker's share of torch threads, its environment.
 
-    name = "kgpipe-torch-setup"
+    Removing the plugin (:func:`open_cluster` does, from the workers of a scheduler it did not
+    start) puts back what it changed: the environment, torch's thread count and deterministic
+    setting, the log filters. Each registration has its own name, so one run never removes
+    another's."""
 
     def __init__(
         self, threads: int | None, env: dict[str, str] | None = None, *, owned: bool = False
@@ -57,24 +62,49 @@ class TorchWorkerSetup(WorkerPlugin):
         self.threads = threads  # None: the worker's own Dask thread count (its host's share)
         self.env = dict(env or {})
         self.owned = owned
+        self.name = f"kgpipe-torch-setup-{uuid.uuid4().hex[:8]}"
+        self._saved: tuple[dict[str, str | None], int, bool, bool] | None = None
+        self._filters: list[logging.Filter] = []
 
     def setup(self, worker: Any) -> None:
         dask_threads = getattr(getattr(worker, "state", None), "nthreads", 0)
         threads = self.threads or max(1, int(dask_threads or available_cores()))
-        os.environ.update(self.env)
-        os.environ.update(thread_environ(threads))
+        environ = {**self.env, **thread_environ(threads)}
+        self._saved = (
+            {k: os.environ.get(k) for k in environ},
+            torch.get_num_threads(),
+            torch.are_deterministic_algorithms_enabled(),
+            torch.is_deterministic_algorithms_warn_only_enabled(),
+        )
+        os.environ.update(environ)
         configure(threads=threads, allocator="system")
         # a rank's failure reaches the driver, which reports it in one line (and relaunches the
         # gang); Dask's own "Compute Failed" block with the task's traceback would repeat it
         worker_log = logging.getLogger("distributed.worker")
         for quiet in (_NotARankFailure, _QuietClose):
             if not any(isinstance(f, quiet) for f in worker_log.filters):
-                worker_log.addFilter(quiet())
+                self._filters.append(quiet())
+                worker_log.addFilter(self._filters[-1])
         if self.owned and threading.current_thread() is threading.main_thread():
             # a worker of a cluster kgpipe started shares the terminal's process group: a
             # Ctrl-C is the command's to handle (it closes the cluster), not each worker's to
             # die of with a traceback
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def teardown(self, worker: Any) -> None:
+        if self._saved is None:
+            return
+        environ, threads, deterministic, warn_only = self._saved
+        for key, value in environ.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+        for f in self._filters:
+            logging.getLogger("distributed.worker").removeFilter(f)
+        self._saved, self._filters = None, []
 
 
 def _check_heartbeats_often(dask_scheduler: Any, every_s: float) -> None:
@@ -107,6 +137,7 @@ def open_cluster(
     say = log or (lambda _m: None)
     threads = worker_threads(workers, threads_per_worker)
     owned: Any = None
+    registered: str | None = None
     if cluster in CLUSTERS:
         owned = CLUSTERS.get(cluster)().start(
             workers=workers,
@@ -140,11 +171,11 @@ def open_cluster(
             ) from None
         # an existing scheduler's workers run on other hosts: sized there, not by this one's
         # cores (a 2-core driver gave the ranks of 32-core workers 1 thread each)
-        client.register_plugin(
-            TorchWorkerSetup(
-                threads if owned is not None else threads_per_worker, owned=owned is not None
-            )
+        plugin = TorchWorkerSetup(
+            threads if owned is not None else threads_per_worker, owned=owned is not None
         )
+        client.register_plugin(plugin)
+        registered = plugin.name
         if owned is not None:
             client.run_on_scheduler(_check_heartbeats_often, every_s=worker_ttl_s / 10)
         say(f"Dask dashboard: {client.dashboard_link}")
@@ -154,6 +185,14 @@ def open_cluster(
             # best effort, bounded: a worker that died or froze has nothing to say
             with contextlib.suppress(Exception):
                 client.sync(client._run, _cluster_closing, on_error="ignore", callback_timeout=5)
+        if owned is None and registered is not None:
+            # the scheduler's workers outlive this run: they get back their own settings
+            # (best effort, bounded: a scheduler that went away has nothing to undo)
+            with contextlib.suppress(Exception):
+                client.sync(
+                    client._unregister_worker_plugin, name=registered, nanny=False,
+                    callback_timeout=10,
+                )  # fmt: skip
         client.close()
         if owned is not None:
             owned.close()
