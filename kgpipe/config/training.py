@@ -85,8 +85,9 @@ class TrainingConfig(Frozen):
     schedule: Annotated[str, Registered(SCHEDULES)] = Field(
         default="constant",
         description=(
-            "Learning-rate decay after warm-up: constant, cosine or linear to 0 at the last "
-            "step, or plateau (cut by `plateau.factor` when the valid MRR stalls; needs "
+            "Learning-rate decay after warm-up: constant, cosine or linear towards 0 (reached "
+            "just after the last step, which runs at a small rate: base/(steps after warm-up) "
+            "for linear), or plateau (cut by `plateau.factor` when the valid MRR stalls; needs "
             "evaluation.every)."
         ),
     )

@@ -90,14 +90,15 @@ class Constant(_Decay):
 
 @SCHEDULES.register("cosine")
 class Cosine(_Decay):
-    """Cosine decay to 0 at the last step."""
+    """Cosine decay towards 0, reached just after the last step."""
 
     extendable = False
 
 
 @SCHEDULES.register("linear")
 class Linear(_Decay):
-    """Linear decay to 0 at the last step."""
+    """Linear decay towards 0, reached just after the last step (which runs at
+    base / (steps after warm-up))."""
 
     extendable = False
 
