@@ -7,8 +7,9 @@ Generates a synthetic TSV graph once (``kgpipe synth``, kept in ``--graph``), th
 tree: the seconds of each phase, the lines read per second, the process's peak resident set
 (``VmHWM``) after reading and at the end, and a digest of the shards and vocabulary written
 (the trees must write the same bytes). ``--budget 512MiB`` adds a run of each tree with
-``data.memory_budget`` set (its ids spilled to the temp folder). ``--zstd`` reads the graph's
-files compressed with Zstandard (written once next to them, ``*.tsv.zst``).
+``data.memory_budget`` set (its ids spilled to the temp folder). ``--parquet`` reads the
+graph's files as Parquet (written once next to them, columns ``head, relation, tail``),
+``--zstd`` compressed with Zstandard (written once next to them, ``*.tsv.zst``).
 
     git worktree add /tmp/kgpipe-before REV
     .venv/bin/python bench/staging_memory.py --edges 10000000 --entities 2000000 \\
@@ -45,11 +46,11 @@ from kgpipe.config import DataConfig
 from kgpipe.data.dataset import load_dataset
 from kgpipe.data.shards import stage_shards
 from kgpipe.storage import Store
-graph, suffix = sys.argv[2], sys.argv[4]
+graph, name = sys.argv[2], sys.argv[4]
 start = status("VmRSS")
 extra = {"memory_budget": budget} if budget else {}
-cfg = DataConfig(train=graph + "/train.tsv" + suffix, valid=graph + "/valid.tsv" + suffix,
-                 test=graph + "/test.tsv" + suffix, header=False, **extra)
+cfg = DataConfig(**{split: graph + "/" + name.format(split) for split in ("train", "valid", "test")},
+                 header=False, **extra)
 t0 = time.perf_counter()
 data = load_dataset(cfg)
 read_s = time.perf_counter() - t0
@@ -88,6 +89,7 @@ def main() -> None:
     p.add_argument("--budget", help="also run each tree with data.memory_budget so set")
     p.add_argument("--budget-only", action="store_true", help="only the runs with --budget")
     p.add_argument("--zstd", action="store_true", help="read the files compressed (.tsv.zst)")
+    p.add_argument("--parquet", action="store_true", help="read the files as Parquet")
     p.add_argument("--json")
     args = p.parse_args()
     if args.budget_only and not args.budget:
@@ -96,21 +98,23 @@ def main() -> None:
     synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
     if args.zstd:
         _compress(graph)
+    if args.parquet:
+        _to_parquet(graph)
     trees = code_trees(args.before, ROOT)
     if args.budget:  # each tree again with the budget (the code before may have one too)
         budgeted = {f"{k}, memory_budget {args.budget}": f"{v}::{args.budget}"
                     for k, v in trees.items()}  # fmt: skip
         trees = budgeted if args.budget_only else {**trees, **budgeted}
     with tempfile.TemporaryDirectory() as tmp:
-        suffix = ".zst" if args.zstd else ""
-        runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp, suffix], cwd=tmp)
+        name = "{}.parquet" if args.parquet else "{}.tsv.zst" if args.zstd else "{}.tsv"
+        runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp, name], cwd=tmp)
     keys = ("read_seconds", "vocab_seconds", "stage_seconds", "lines_per_s", "read_peak",
             "vocab_peak", "peak")  # fmt: skip
     out: dict[str, Any] = {
         "hardware": hardware(),
         "commit": commit(),
         "command": " ".join(sys.argv),
-        "graph_bytes": sum(f.stat().st_size for f in graph.glob("*.tsv")),
+        "graph_bytes": sum(f.stat().st_size for f in graph.glob(name.format("*"))),
         "same_result": len({(r["fingerprint"], r["shards_digest"]) for rs in runs.values()
                             for r in rs}) == 1,
         "median": {name: {k: statistics.median(r[k] for r in rows) for k in keys}
@@ -118,8 +122,28 @@ def main() -> None:
         "runs": runs,
     }  # fmt: skip
     print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
-    name = f"staging_memory_{args.edges}{'_zstd' if args.zstd else ''}.json"
+    kind = "_parquet" if args.parquet else "_zstd" if args.zstd else ""
+    name = f"staging_memory_{args.edges}{kind}.json"
     write_result(out, Path(args.json or RESULTS / name))
+
+
+def _to_parquet(graph: Path) -> None:
+    """Each split's ``.parquet`` (columns head, relation, tail) next to its ``.tsv``."""
+    import pyarrow as pa
+    import pyarrow.csv as pcsv
+    import pyarrow.parquet as pq
+
+    names = ["head", "relation", "tail"]
+    for split in ("train", "valid", "test"):
+        target = graph / f"{split}.parquet"
+        if not target.exists():
+            table = pcsv.read_csv(
+                graph / f"{split}.tsv",
+                read_options=pcsv.ReadOptions(column_names=names),
+                parse_options=pcsv.ParseOptions(delimiter="\t", quote_char=False),
+                convert_options=pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
+            )
+            pq.write_table(table, target)
 
 
 def _compress(graph: Path) -> None:

@@ -53,6 +53,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.data",
             "kgpipe.data.io",
             "kgpipe.data.columnar",
+            "kgpipe.data.columnar_tsv",
+            "kgpipe.data.columnar_parquet",
             "kgpipe.data.line_scan",
             "kgpipe.data.dedup",
             "kgpipe.data.split",

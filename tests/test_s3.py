@@ -114,6 +114,42 @@ def test_candidate_files_from_s3_into_an_s3_run(
     assert again["mrr"] == pytest.approx(saved["mrr"], abs=1e-12)
 
 
+def test_parquet_from_s3_is_read_a_batch_at_a_time(
+    s3_server: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Parquet file on S3 takes the columnar reader (seeks and ranged reads on the object)
+    and gives what the same file on disk gives, its row named in an error."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import kgpipe.data.reading as reading
+
+    n = 3_000
+    table = pa.table({"head": [f"e{i % 101}" for i in range(n)],
+                      "relation": [f"r{i % 7}" for i in range(n)],
+                      "tail": [f"e{(i * 13) % 103}" for i in range(n)]})  # fmt: skip
+    pq.write_table(table, tmp_path / "train.parquet", row_group_size=500)
+    _fs(s3_server).put(str(tmp_path / "train.parquet"), "kgpipe/data/pq/train.parquet")
+    opts = s3_server.storage_options()
+    seen: list[str] = []
+    real = reading._read_columnar
+    monkeypatch.setattr(reading, "_read_columnar", lambda *a: seen.append("c") or real(*a))
+    remote = parse_config({"data": {"train": "s3://kgpipe/data/pq/train.parquet",
+                                    "storage_options": opts}})  # fmt: skip
+    local = parse_config({"data": {"train": str(tmp_path / "train.parquet")}})
+    got, want = load_dataset(remote.data), load_dataset(local.data)
+    assert seen == ["c", "c"]
+    assert got.train.tolist() == want.train.tolist() and got.vocab == want.vocab
+    assert got.fingerprint == want.fingerprint
+    bad = table.set_column(2, "tail", pa.array([*table.column(2).to_pylist()[:-1], None]))
+    pq.write_table(bad, tmp_path / "bad.parquet", row_group_size=500)
+    _fs(s3_server).put(str(tmp_path / "bad.parquet"), "kgpipe/data/pq/bad.parquet")
+    remote = parse_config({"data": {"train": "s3://kgpipe/data/pq/bad.parquet",
+                                    "storage_options": opts}})  # fmt: skip
+    with pytest.raises(DataError, match=r"bad.parquet, line 3000: null tail value"):
+        load_dataset(remote.data)
+
+
 def test_wrong_credentials_are_a_clear_error(s3_server: S3Server) -> None:
     _fs(s3_server).pipe("kgpipe/data/x.tsv", b"a\tr\tb\n")
     opts = {**s3_server.storage_options(), "secret": "wrong"}

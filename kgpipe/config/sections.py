@@ -193,7 +193,7 @@ class DataConfig(Frozen):
             "Text read and parsed at a time by the columnar reader of tab-separated files (Dask's "
             "notation: `8MiB`, `64MB`); pyarrow reads several blocks ahead. Staging holds the "
             "blocks in flight, the distinct labels and the ids of the triples, never a Python "
-            "string per field."
+            "string per field. Parquet files are read in batches of 1/64 of it in rows."
         ),
     )
 
@@ -207,8 +207,8 @@ class DataConfig(Frozen):
             "and deduplicated from there, a group of heads at a time (a split under it stays in "
             "memory). Beyond it staging holds the labels, the distinct triples (24 bytes each), "
             "one byte a line and label-sized temporaries. The columnar reader (tab-separated "
-            "files without `columns` or `header: true`) only; other files are read whole, with a "
-            "warning. Default: none (all in memory)."
+            "files without `columns` or `header: true`, and uncompressed Parquet files with "
+            "string or integer columns) only; other files are read whole, with a warning. Default: none (all in memory)."
         ),
     )
     spill_dir: str | None = Field(

@@ -1,8 +1,11 @@
-"""Columnar staging of tab-separated triples with pyarrow, for graphs of any size.
+"""Columnar staging of triples with pyarrow, for graphs of any size.
 
 The line parser holds the file's text and a Python string per field: ~250 bytes per triple,
-25 GB for 100M edges. This reader streams blocks of ``data.block_size`` bytes through pyarrow's
-CSV reader (on pyarrow's threads) and holds, beyond a block, the distinct labels and the ids:
+25 GB for 100M edges. This reader streams blocks of triples -- of ``data.block_size`` bytes of a
+tab-separated file through pyarrow's CSV reader, on pyarrow's threads
+(:mod:`~kgpipe.data.columnar_tsv`), or batches of a Parquet file's rows
+(:mod:`~kgpipe.data.columnar_parquet`) -- and holds, beyond a block, the distinct labels and
+the ids:
 
 1. **Scan** each file once: its rows, distinct entity and relation labels (merged as they
    grow), the SHA-256 of its bytes and its first row (for ``data.header: auto``).
@@ -15,39 +18,39 @@ CSV reader (on pyarrow's threads) and holds, beyond a block, the distinct labels
    11.6M). A call costs O(labels), so blocks are buffered up to as many rows as there are
    labels (at least 1M), or, under a memory budget, a quarter of it in text.
 
-The rules are the line parser's: ``#`` lines (counted where they hold three fields, for a
-warning), empty and whitespace-only lines are skipped, a leading BOM is dropped, CRLF and LF end
-lines, fields are taken as they are. A line it would not take as the line parser does (a wrong
-field count, a wrong label, invalid UTF-8, a lone carriage return) stops it:
-:func:`kgpipe.data.line_scan.locate_problem` reads the file once more, a line at a time, and raises
-the line parser's error with its line; a line longer than a block is read again in larger
-blocks. Files that change between reads are refused. Compressed files are decompressed as
-they are read (:func:`kgpipe.data.io.opened`).
+For tab-separated files the rules are the line parser's: ``#`` lines (counted where they hold
+three fields, for a warning), empty and whitespace-only lines are skipped, a leading BOM is
+dropped, CRLF and LF end lines, fields are taken as they are. A line it would not take as the
+line parser does (a wrong field count, a wrong label, invalid UTF-8, a lone carriage return)
+stops it: :func:`kgpipe.data.line_scan.locate_problem` reads the file once more, a line at a
+time, and raises the line parser's error with its line; a line longer than a block is read
+again in larger blocks. Files that change between reads are refused. Compressed files are
+decompressed as they are read (:func:`kgpipe.data.io.opened`). Parquet's rules:
+:mod:`~kgpipe.data.columnar_parquet`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import sys
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.csv as pcsv
 from fsspec.core import url_to_fs
 
+from kgpipe.data.columnar_tsv import Triples, tsv_batches
 from kgpipe.data.dedup import SpilledIds, ids_dtype
 from kgpipe.data.formats.header import HEADER_NAMES, is_column_name, normalize
-from kgpipe.data.io import Fallback, opened, reading_errors
+from kgpipe.data.io import reading_errors
 from kgpipe.endpoints import check_reachable
 from kgpipe.errors import DataError
 from kgpipe.retry import RetryPolicy, retrying
 
 __all__ = [
+    "BatchReader",
     "FileScan",
     "columnar_ids",
     "retried_read",
@@ -55,7 +58,25 @@ __all__ = [
     "sorted_labels",
 ]
 
-_NAMES = ["h", "r", "t"]
+#: ``read(comments)``: a context holding a file's triples a block at a time, in file order, and a
+#: function giving the SHA-256 of its bytes once the blocks are read (``comments``: see
+#: :func:`~kgpipe.data.columnar_tsv.tsv_batches`); :class:`~kgpipe.data.io.Fallback` for a file
+#: the line parser must read
+BatchReader = Callable[
+    [list[int] | None], AbstractContextManager[tuple[Iterator[Triples], Callable[[], str]]]
+]
+
+
+def _reader(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    read: BatchReader | None,
+    delimiter: str,
+    block_size: int,
+) -> BatchReader:
+    if read is not None:
+        return read
+    return lambda comments: tsv_batches(url, storage_options, delimiter, block_size, comments)
 
 
 @dataclass(frozen=True)
@@ -69,34 +90,6 @@ class FileScan:
     sha256: str
     header: bool
     comment_triples: int = 0  # comment lines of three non-blank fields
-
-
-class _Hashing:
-    """A binary reader that hashes what it hands on, and raises :class:`Fallback` at a carriage
-    return not followed by a line feed (pyarrow ends a row there; the line parser does not)."""
-
-    def __init__(self, f: IO[bytes], url: str) -> None:
-        self._f, self.sha, self.url = f, hashlib.sha256(), url
-        self.closed = False
-        self._cr = False  # the last chunk ended with a CR
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
-        self.sha.update(data)
-        if data and (self._cr or b"\r" in data):
-            if self._cr and data[:1] != b"\n":
-                raise Fallback(self.url)
-            self._cr = data.endswith(b"\r")
-            body = data[:-1] if self._cr else data
-            if body.count(b"\r") != body.count(b"\r\n"):
-                raise Fallback(self.url)
-        return data
-
-    def readable(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        self.closed = True
 
 
 def _remote(url: str) -> bool:
@@ -117,82 +110,6 @@ def retried_read(
         fs, _ = url_to_fs(url, **(storage_options or {}))
         check_reachable(fs, url)
         return retrying(fn, what=f"read {url}", policy=retry or RetryPolicy())
-
-
-@contextlib.contextmanager
-def _quiet_undecodable_rows() -> Iterator[None]:
-    """pyarrow reports the ``UnicodeDecodeError`` of a row that is not UTF-8 on stderr (an
-    unraisable exception) before refusing it; the line scan then names the byte. Keep quiet."""
-    previous = sys.unraisablehook
-
-    def hook(info: Any) -> None:
-        if not isinstance(info.exc_value, UnicodeDecodeError):
-            previous(info)
-
-    sys.unraisablehook = hook
-    try:
-        yield
-    finally:
-        sys.unraisablehook = previous
-
-
-def _batches(
-    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None = None
-) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
-    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped (and
-    counted in ``comments[0]`` where they hold three non-blank fields, as the line parser's
-    :func:`~kgpipe.data.formats.text.comment_triple`)."""
-    with _quiet_undecodable_rows():
-        yield from _read_batches(f, url, delimiter, block_size, comments)
-
-
-def _read_batches(
-    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None
-) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
-
-    def invalid(row: Any) -> str:
-        text = row.text or ""
-        return "skip" if text[:1] == "#" or text.isspace() else "error"
-
-    try:
-        reader = pcsv.open_csv(
-            f,
-            read_options=pcsv.ReadOptions(column_names=_NAMES, block_size=block_size),
-            parse_options=pcsv.ParseOptions(
-                delimiter=delimiter,
-                quote_char=False,
-                double_quote=False,
-                escape_char=False,
-                ignore_empty_lines=True,
-                invalid_row_handler=invalid,
-            ),
-            convert_options=pcsv.ConvertOptions(
-                column_types={c: pa.large_string() for c in _NAMES}, strings_can_be_null=False
-            ),
-        )
-    except pa.ArrowInvalid:  # the first block: a wrong field count, invalid UTF-8
-        raise Fallback(url) from None
-    while True:
-        try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            return
-        except pa.ArrowInvalid:  # a wrong field count, invalid UTF-8
-            raise Fallback(url) from None
-        h, r, t = (batch.column(i) for i in range(3))
-        blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in (h, r, t)]
-        # a `#` line that happens to have three fields, or one of only delimiters and spaces
-        hashed = pc.starts_with(h, "#")
-        drop = pc.or_(hashed, pc.and_(pc.and_(blank[0], blank[1]), blank[2]))
-        if comments is not None and pc.any(hashed).as_py():
-            filled = pc.invert(pc.or_(pc.or_(blank[0], blank[1]), blank[2]))
-            comments[0] += pc.sum(pc.and_(hashed, filled)).as_py() or 0
-        if pc.any(drop).as_py():
-            keep = pc.invert(drop)
-            h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))
-        if any(pc.any(b).as_py() for b in blank):  # an empty or blank field: the line parser's
-            raise Fallback(url)
-        yield h, r, t
 
 
 def _merged(parts: list[pa.Array]) -> pa.Array:
@@ -244,15 +161,18 @@ def scan_file(
     url: str,
     storage_options: dict[str, Any] | None,
     *,
-    delimiter: str,
+    delimiter: str = "\t",
     header: bool | str,
-    block_size: int,
+    block_size: int = 1 << 23,
     train: FileScan | None = None,
     retry: RetryPolicy | None = None,
+    read: BatchReader | None = None,
 ) -> FileScan:
     """The first read of a file (``header``: True, False or ``"auto"``; ``train``: the train
-    file's scan when this is valid/test). Raises :class:`Fallback` on a line to hand to
-    :func:`locate_problem`."""
+    file's scan when this is valid/test), tab-separated (``delimiter``, ``block_size``) unless
+    ``read`` gives its blocks. Raises :class:`~kgpipe.data.io.Fallback` on a line to hand to
+    :func:`~kgpipe.data.line_scan.locate_problem`."""
+    blocks = _reader(url, storage_options, read, delimiter, block_size)
 
     def scan() -> FileScan:
         ents, rels = _Distinct(), _Distinct()
@@ -261,9 +181,8 @@ def scan_file(
         skip = header is True
         counts = {"hh": 0, "ht": 0, "th": 0, "tt": 0, "r": 0}
         comments = [0]
-        with opened(url, storage_options) as raw:
-            f = _Hashing(raw, url)
-            for h, r, t in _batches(f, url, delimiter, block_size, comments):
+        with blocks(comments) as (batches, digest):
+            for h, r, t in batches:
                 if first is None and len(h):
                     first = (h[0].as_py(), r[0].as_py(), t[0].as_py())
                     names = all(normalize(x) in HEADER_NAMES for x in first)
@@ -280,7 +199,7 @@ def scan_file(
                 rows += len(h)
                 ents.add(pa.concat_arrays([h, t]))
                 rels.add(r)
-            sha = f.sha.hexdigest()
+            sha = digest()
         entities, relations = ents.result(), rels.result()
         is_header = skip
         if not skip and header == "auto" and first is not None:
@@ -309,13 +228,14 @@ def columnar_ids(
     scan: FileScan,
     storage_options: dict[str, Any] | None,
     *,
-    delimiter: str,
-    block_size: int,
+    delimiter: str = "\t",
+    block_size: int = 1 << 23,
     entities: pa.Array,
     relations: pa.Array,
     retry: RetryPolicy | None = None,
     spill: SpilledIds | None = None,
     buffer_bytes: int | None = None,
+    read: BatchReader | None = None,
 ) -> np.ndarray | SpilledIds:
     """The file's triples as ``[rows, 3]`` ids (positions in ``entities``/``relations``), in
     file order, duplicates included: ``int32`` where both label counts fit it (half the memory
@@ -323,8 +243,9 @@ def columnar_ids(
 
     With ``spill`` (of :func:`~kgpipe.data.dedup.ids_dtype`) the ids are appended to it as they are
     mapped, and it is returned instead of an array; ``buffer_bytes`` bounds the text buffered
-    between two mappings (a memory budget's share)."""
+    between two mappings (a memory budget's share). ``read``: as for :func:`scan_file`."""
     url = scan.url
+    blocks = _reader(url, storage_options, read, delimiter, block_size)
 
     # a call probes every label: map at least that many rows per call (blocks are buffered up
     # to it), so the mapping costs O(rows), not O(rows x labels / block)
@@ -364,9 +285,8 @@ def columnar_ids(
             pos += k
             return True
 
-        with opened(url, storage_options) as raw:
-            f = _Hashing(raw, url)
-            for h, r, t in _batches(f, url, delimiter, block_size):
+        with blocks(None) as (batches, digest):
+            for h, r, t in batches:
                 if skip and len(h):
                     h, r, t, skip = h[1:], r[1:], t[1:], False
                 pending.append((h, r, t))
@@ -375,7 +295,7 @@ def columnar_ids(
                 if (buffered >= at_once or text >= text_limit) and not flush():
                     break
             else:
-                if flush() and pos == scan.rows and f.sha.hexdigest() == scan.sha256:
+                if flush() and pos == scan.rows and digest() == scan.sha256:
                     return spill if spill is not None else out
         raise DataError(url, "the file changed while it was being read; stage it again")
 

@@ -1,5 +1,6 @@
-"""Reading a graph's split files into label ids: the columnar reader for tab-separated files
-(:mod:`kgpipe.data.columnar`), the line parser for every other format and option."""
+"""Reading a graph's split files into label ids: the columnar reader for tab-separated and
+Parquet files (:mod:`kgpipe.data.columnar`), the line parser for every other format and
+option."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from kgpipe.data.benchmarks import (
     resolve_benchmark,
 )
 from kgpipe.data.columnar import (
+    BatchReader,
     FileScan,
     columnar_ids,
     scan_file,
     sorted_labels,
 )
+from kgpipe.data.columnar_parquet import parquet_batches, parquet_row
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
@@ -36,6 +39,7 @@ from kgpipe.data.io import (
     Fallback,
     read_bytes,
     reading_errors,
+    split_compression,
     where_relative,
 )
 from kgpipe.data.labels import Labels
@@ -119,8 +123,8 @@ def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
             pass
     if cfg.memory_budget is not None:
         _log.warning(
-            "data.memory_budget applies to the columnar reader of tab-separated files; %s is "
-            "read by the line parser, which holds whole files in memory",
+            "data.memory_budget applies to the columnar reader of tab-separated and Parquet "
+            "files; %s is read by the line parser, which holds whole files in memory",
             ", ".join(src.url for src in srcs),
         )
     return _read_lines(srcs, cfg, retry)
@@ -130,9 +134,15 @@ def _delimiter(cfg: DataConfig) -> str:
     return cfg.delimiter or "\t"
 
 
+def _parquet(src: Source, cfg: DataConfig) -> bool:
+    return src.benchmark is None and detect_format(src.url, cfg.format) == "parquet"
+
+
 def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
     if src.benchmark is not None:
         return True
+    if _parquet(src, cfg):  # a compressed one cannot be read a row group at a time
+        return split_compression(src.url)[1] is None
     delimiter = _delimiter(cfg)
     if len(delimiter.encode()) != 1 or delimiter in "\r\n" or cfg.columns is not None:
         return False
@@ -155,9 +165,11 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     scans: dict[str, FileScan] = {}
     blocks: dict[str, int] = {}  # the block each file is read in (larger for a long line)
     by_split = {src.split: src for src in srcs}
+    readers = {src.split: _parquet_reader(src, cfg) for src in srcs}
     for src in srcs:
         delimiter = "\t" if src.benchmark else _delimiter(cfg)
-        header: bool | str = False if src.benchmark else cfg.header
+        parquet = readers[src.split] is not None
+        header: bool | str = False if src.benchmark or parquet else cfg.header
         size = block
         while True:
             try:
@@ -169,10 +181,11 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                     block_size=size,
                     train=scans.get("train"),
                     retry=retry,
+                    read=readers[src.split],
                 )
                 break
             except Fallback:
-                if src.benchmark is not None:
+                if src.benchmark is not None or parquet:
                     raise
                 with reading_errors(src.url):  # the line parser's own error, in constant memory
                     longest = locate_problem(src.url, src.storage_options, delimiter)
@@ -217,6 +230,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                 retry=retry,
                 spill=target,
                 buffer_bytes=None if budget is None else budget // 4,
+                read=readers[split],
             )
     except BaseException:
         close_all(spilled)  # their disk space now, not when the traceback is dropped
@@ -229,6 +243,8 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         src = by_split[split]
         delimiter = "\t" if src.benchmark else _delimiter(cfg)
         with reading_errors(src.url):
+            if readers[split] is not None:
+                return parquet_row(src.url, src.storage_options, cfg.columns, index)
             return row_line(src.url, src.storage_options, delimiter, index, scans[split].header)
 
     return Parsed(
@@ -236,10 +252,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         lines={k: s.rows for k, s in scans.items()},
         literals_dropped={k: 0 for k in scans},
         digests={k: s.sha256 for k, s in scans.items()},
-        headers={
-            k: (s.header, "benchmark" if by_split[k].benchmark else _how(cfg))
-            for k, s in scans.items()
-        },
+        headers={k: (s.header, _how(cfg, by_split[k], readers[k])) for k, s in scans.items()},
         vocab=vocab,
         train_entities=len(train.entities),
         train_relations=len(train.relations),
@@ -248,8 +261,22 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     )
 
 
-def _how(cfg: DataConfig) -> str:
+def _how(cfg: DataConfig, src: Source, reader: BatchReader | None) -> str:
+    """How a file's header row was decided, as :func:`header_mode` says for the line parser."""
+    if src.benchmark:
+        return "benchmark"
+    if reader is not None:
+        return "n/a"
     return "auto" if cfg.header == "auto" else "config"
+
+
+def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
+    """A Parquet file's batches, ``cfg.read_block_bytes`` / 64 rows at a time (a triple's row
+    takes some tens of bytes in the batch); None for a tab-separated file."""
+    if not _parquet(src, cfg):
+        return None
+    rows = max(1 << 12, cfg.read_block_bytes // 64)
+    return lambda _comments: parquet_batches(src.url, src.storage_options, cfg.columns, rows)
 
 
 def _ordered(train: pa.Array, extra: list[pa.Array]) -> pa.Array:

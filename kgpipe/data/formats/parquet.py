@@ -6,7 +6,7 @@ from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, Trip
 from kgpipe.data.formats.text import ROLES
 from kgpipe.errors import DataError
 
-__all__ = ["Parquet"]
+__all__ = ["Parquet", "pick_columns"]
 
 _DEFAULT_COLUMNS = ("head", "relation", "tail")
 
@@ -32,27 +32,7 @@ def _parse_parquet(
         names = list(pf.schema_arrow.names)
     except (pa.ArrowException, OSError) as err:
         raise DataError(source, f"not a valid Parquet file: {err}") from None
-    wanted = columns if columns is not None else _DEFAULT_COLUMNS
-    available = ", ".join(map(repr, names))
-    picked: list[str] = []
-    for role, col in zip(ROLES, wanted, strict=True):
-        if isinstance(col, bool):
-            raise DataError(source, f"{role} column must be a name or an index, got {col!r}")
-        if isinstance(col, int):
-            if not 0 <= col < len(names):
-                raise DataError(
-                    source,
-                    f"{role} column index {col} out of range: the file has {len(names)} "
-                    f"columns ({available})",
-                )
-            picked.append(names[col])
-        elif col in names:
-            picked.append(col)
-        else:
-            hint = "" if columns is not None else " (set data.columns to name the columns)"
-            raise DataError(
-                source, f"{role} column {col!r} not found; available columns: {available}{hint}"
-            )
+    picked = pick_columns(names, columns, source)
     try:
         table = pf.read(columns=list(dict.fromkeys(picked)))
     except (pa.ArrowException, OSError) as err:
@@ -81,6 +61,35 @@ def _parse_parquet(
         row, _, problem = first_bad
         raise DataError(source, f"{problem} (row {row})", line=row + 1)
     return LabeledTriples(values[0], values[1], values[2], list(range(1, table.num_rows + 1)))
+
+
+def pick_columns(
+    names: list[str], columns: tuple[str | int, str | int, str | int] | None, source: str
+) -> list[str]:
+    """The names of the head, relation and tail columns among ``names`` (``data.columns``: a
+    name or an index each; default ``head, relation, tail``); :class:`DataError` otherwise."""
+    wanted = columns if columns is not None else _DEFAULT_COLUMNS
+    available = ", ".join(map(repr, names))
+    picked: list[str] = []
+    for role, col in zip(ROLES, wanted, strict=True):
+        if isinstance(col, bool):
+            raise DataError(source, f"{role} column must be a name or an index, got {col!r}")
+        if isinstance(col, int):
+            if not 0 <= col < len(names):
+                raise DataError(
+                    source,
+                    f"{role} column index {col} out of range: the file has {len(names)} "
+                    f"columns ({available})",
+                )
+            picked.append(names[col])
+        elif col in names:
+            picked.append(col)
+        else:
+            hint = "" if columns is not None else " (set data.columns to name the columns)"
+            raise DataError(
+                source, f"{role} column {col!r} not found; available columns: {available}{hint}"
+            )
+    return picked
 
 
 def _to_label(value: object) -> str:

@@ -1,0 +1,143 @@
+"""Tab-separated files as blocks of ``(heads, relations, tails)`` string arrays for the columnar
+reader (:mod:`kgpipe.data.columnar`), through pyarrow's CSV reader, with the SHA-256 of the
+file's bytes; a line the line parser would take differently raises :class:`Fallback`."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import IO, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pcsv
+
+from kgpipe.data.io import Fallback, opened
+
+__all__ = ["Triples", "tsv_batches"]
+
+_NAMES = ["h", "r", "t"]
+#: one block's heads, relations and tails (``large_string`` arrays of one length)
+Triples = tuple[pa.Array, pa.Array, pa.Array]
+
+
+@contextlib.contextmanager
+def tsv_batches(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    delimiter: str,
+    block_size: int,
+    comments: list[int] | None = None,
+) -> Iterator[tuple[Iterator[Triples], Callable[[], str]]]:
+    """The file's triples a block at a time, and the SHA-256 of the bytes read so far (all of
+    them once the blocks are done). Comment lines holding three fields are counted in
+    ``comments[0]``."""
+    with opened(url, storage_options) as raw:
+        f = _Hashing(raw, url)
+        yield _batches(f, url, delimiter, block_size, comments), f.sha.hexdigest
+
+
+class _Hashing:
+    """A binary reader that hashes what it hands on, and raises :class:`Fallback` at a carriage
+    return not followed by a line feed (pyarrow ends a row there; the line parser does not)."""
+
+    def __init__(self, f: IO[bytes], url: str) -> None:
+        self._f, self.sha, self.url = f, hashlib.sha256(), url
+        self.closed = False
+        self._cr = False  # the last chunk ended with a CR
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._f.read(n)
+        self.sha.update(data)
+        if data and (self._cr or b"\r" in data):
+            if self._cr and data[:1] != b"\n":
+                raise Fallback(self.url)
+            self._cr = data.endswith(b"\r")
+            body = data[:-1] if self._cr else data
+            if body.count(b"\r") != body.count(b"\r\n"):
+                raise Fallback(self.url)
+        return data
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.closed = True
+
+
+@contextlib.contextmanager
+def _quiet_undecodable_rows() -> Iterator[None]:
+    """pyarrow reports the ``UnicodeDecodeError`` of a row that is not UTF-8 on stderr (an
+    unraisable exception) before refusing it; the line scan then names the byte. Keep quiet."""
+    previous = sys.unraisablehook
+
+    def hook(info: Any) -> None:
+        if not isinstance(info.exc_value, UnicodeDecodeError):
+            previous(info)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = previous
+
+
+def _batches(
+    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None = None
+) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
+    """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped (and
+    counted in ``comments[0]`` where they hold three non-blank fields, as the line parser's
+    :func:`~kgpipe.data.formats.text.comment_triple`)."""
+    with _quiet_undecodable_rows():
+        yield from _read_batches(f, url, delimiter, block_size, comments)
+
+
+def _read_batches(
+    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None
+) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
+
+    def invalid(row: Any) -> str:
+        text = row.text or ""
+        return "skip" if text[:1] == "#" or text.isspace() else "error"
+
+    try:
+        reader = pcsv.open_csv(
+            f,
+            read_options=pcsv.ReadOptions(column_names=_NAMES, block_size=block_size),
+            parse_options=pcsv.ParseOptions(
+                delimiter=delimiter,
+                quote_char=False,
+                double_quote=False,
+                escape_char=False,
+                ignore_empty_lines=True,
+                invalid_row_handler=invalid,
+            ),
+            convert_options=pcsv.ConvertOptions(
+                column_types={c: pa.large_string() for c in _NAMES}, strings_can_be_null=False
+            ),
+        )
+    except pa.ArrowInvalid:  # the first block: a wrong field count, invalid UTF-8
+        raise Fallback(url) from None
+    while True:
+        try:
+            batch = reader.read_next_batch()
+        except StopIteration:
+            return
+        except pa.ArrowInvalid:  # a wrong field count, invalid UTF-8
+            raise Fallback(url) from None
+        h, r, t = (batch.column(i) for i in range(3))
+        blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in (h, r, t)]
+        # a `#` line that happens to have three fields, or one of only delimiters and spaces
+        hashed = pc.starts_with(h, "#")
+        drop = pc.or_(hashed, pc.and_(pc.and_(blank[0], blank[1]), blank[2]))
+        if comments is not None and pc.any(hashed).as_py():
+            filled = pc.invert(pc.or_(pc.or_(blank[0], blank[1]), blank[2]))
+            comments[0] += pc.sum(pc.and_(hashed, filled)).as_py() or 0
+        if pc.any(drop).as_py():
+            keep = pc.invert(drop)
+            h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))
+        if any(pc.any(b).as_py() for b in blank):  # an empty or blank field: the line parser's
+            raise Fallback(url)
+        yield h, r, t
