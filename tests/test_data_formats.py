@@ -9,10 +9,13 @@ import sys
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
 
+from kgpipe.config import DataConfig
+from kgpipe.data.dataset import load_dataset
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.io import opened, read_bytes, split_compression
 from kgpipe.errors import DataError
@@ -127,6 +130,28 @@ def test_read_bytes_truncated(tmp_path: Path, suffix: str, compress) -> None:  #
     with pytest.raises(DataError) as info:
         read_bytes(str(path))
     assert str(info.value).startswith(f"{path}: cannot decompress")
+
+
+
+@pytest.mark.parametrize(
+    ("suffix", "compress"),
+    [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress), (".zst", _zstd)],
+)
+def test_a_truncated_file_is_refused_by_the_columnar_reader_too(
+    tmp_path: Path, suffix: str, compress: Any
+) -> None:
+    """A Zstandard file cut inside a frame was read by the columnar reader up to the cut, the
+    cut line taken as a triple, and trained on; every compression now stops at the cut."""
+    rows = "".join(f"e{i % 997}\tr{i % 7}\te{(i * 13) % 1009}\n" for i in range(30_000))
+    whole = compress(rows.encode())
+    path = tmp_path / f"g.tsv{suffix}"
+    path.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataError) as info:
+        load_dataset(DataConfig(train=str(path)))
+    assert str(info.value).startswith(f"{path}: cannot decompress")
+    path.write_bytes(whole + compress(b"x\ty\tz\n"))  # concatenated streams are one file
+    distinct = len(set(rows.splitlines())) + 1
+    assert load_dataset(DataConfig(train=str(path))).train.shape[0] == distinct
 
 
 @pytest.mark.parametrize(

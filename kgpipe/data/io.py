@@ -195,6 +195,42 @@ class _Store:
         return getattr(self.raw, name)
 
 
+class _Zstd(io.RawIOBase):
+    """Zstandard frames decompressed as they are read, one after another, and a stream that
+    ends inside a frame refused (``EOFError``): fsspec's reader (zstandard's ``stream_reader``)
+    ended a truncated file quietly, and staging trained on the part before the cut."""
+
+    def __init__(self, source: Any) -> None:
+        import zstandard
+
+        self._source, self._dctx = source, zstandard.ZstdDecompressor()
+        self._frame: Any = None  # the frame being decompressed
+        self._out, self._at, self._done = b"", 0, False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        while self._at == len(self._out) and not self._done:
+            data = self._source.read(1 << 16)  # a few times this out, at most
+            if not data:
+                if self._frame is not None and not self._frame.eof:
+                    raise EOFError("compressed data ended before the end of the frame (truncated)")
+                self._done = True
+                break
+            parts = []
+            while data:  # a chunk may end one frame and begin the next
+                if self._frame is None or self._frame.eof:
+                    self._frame = self._dctx.decompressobj()
+                parts.append(self._frame.decompress(data))
+                data = self._frame.unused_data if self._frame.eof else b""
+            self._out, self._at = b"".join(parts), 0
+        n = min(len(buffer), len(self._out) - self._at)
+        buffer[:n] = self._out[self._at : self._at + n]
+        self._at += n
+        return n
+
+
 @contextlib.contextmanager
 def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[bytes]]:
     """The decompressed bytes of ``url``; read and decompression faults as :class:`DataError`."""
@@ -210,9 +246,10 @@ def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[byte
             raise DataError(url, f"cannot decompress ({compression}): its package is not installed")
         store = _Store(raw)
         try:
-            stream = compr[compression](store, mode="rb")
-            if compression == "zstd":  # zstandard's reader cannot be iterated by line
-                stream = io.BufferedReader(stream, buffer_size=1 << 20)
+            if compression == "zstd":  # buffered: it is iterated by line too
+                stream: Any = io.BufferedReader(_Zstd(store), buffer_size=1 << 20)
+            else:
+                stream = compr[compression](store, mode="rb")
             yield stream
         except (EOFError, zlib.error, lzma.LZMAError) as err:
             raise DataError(url, f"cannot decompress ({compression}): {err}") from None
