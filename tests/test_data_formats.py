@@ -132,7 +132,6 @@ def test_read_bytes_truncated(tmp_path: Path, suffix: str, compress) -> None:  #
     assert str(info.value).startswith(f"{path}: cannot decompress")
 
 
-
 @pytest.mark.parametrize(
     ("suffix", "compress"),
     [(".gz", gzip.compress), (".bz2", bz2.compress), (".xz", lzma.compress), (".zst", _zstd)],
