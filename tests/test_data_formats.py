@@ -289,6 +289,14 @@ def test_tsv_too_few_columns_for_explicit_columns() -> None:
     assert err.problem == "expected at least 4 tab-separated fields (columns 0, 1, 3), found 2"
 
 
+def test_csv_too_few_columns_for_columns_by_index() -> None:
+    """Columns given by index without a header row: a short CSV row raised IndexError (a
+    traceback) where TSV, and CSV with named columns, name the line."""
+    err = data_error(b"a,r1,b,1\nb,r1,c,1\nc,r2,a\n", "csv", columns=(0, 1, 3))
+    assert err.line == 3
+    assert err.problem == "expected at least 4 comma-separated fields (columns 0, 1, 3), found 3"
+
+
 def test_tsv_empty_field() -> None:
     err = data_error(b"a\tr\tb\n\tr\tc\n")
     assert str(err) == "g.tsv, line 2: empty head field\n    '\\tr\\tc'"

@@ -174,7 +174,7 @@ def _parse_csv(
         None if header else resolve_columns(columns, None, source=source, line=None, excerpt=None)
     )
     strict = columns is None
-    need = 3
+    need = 3 if idx is None else max(idx) + 1  # columns by index, no header row
     while True:
         at_record_start[0] = True
         first_line = reader.line_num + 1
