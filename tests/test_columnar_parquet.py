@@ -174,10 +174,58 @@ def test_parquet_unseen_and_its_row(
 def test_other_column_types_and_compressed_parquet_use_the_line_parser(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    floats = _table(head=[1.5, 2.0], relation=["r", "r"], tail=[2.0, 1.5])
-    out, seen = _both(tmp_path, monkeypatch, {"train": floats})
-    assert seen == [] and not isinstance(out, str)  # Python's str(2.0) is "2.0": theirs
-    assert list(out.vocab.entities) == ["1.5", "2.0"]
+    """Bytes and dates are labelled by Python's rules, in the line parser; a compressed file
+    cannot be read a row group at a time."""
+    import datetime
+    import gzip
+
+    days = [datetime.date(2026, 1, 2), datetime.date(2026, 1, 3)]
+    dated = _table(head=days, relation=[b"r", b"\xff"], tail=list(reversed(days)))
+    out, seen = _both(tmp_path, monkeypatch, {"train": dated})
+    assert seen == [] and not isinstance(out, str)
+    assert list(out.vocab.entities) == ["2026-01-02", "2026-01-03"]
+    assert list(out.vocab.relations) == ["ff", "r"]
+    pq.write_table(_table(), tmp_path / "plain.parquet")
+    (tmp_path / "train.parquet.gz").write_bytes(
+        gzip.compress((tmp_path / "plain.parquet").read_bytes())
+    )
+    config = DataConfig(train=str(tmp_path / "train.parquet.gz"))
+    fast, seen = _load(config, True, monkeypatch)
+    assert seen == [] and list(fast.vocab.relations) == sorted(set(RELATIONS))
+
+
+NOT_LABELS = {
+    "a float column": (
+        _table(head=[12.0, 13.5], relation=["r", "r"], tail=pa.array([12, 13], pa.int64())),
+        "head column 'head' holds double values: labels are text or integers",
+    ),
+    "a list column": (
+        _table(head=["a", "b"], relation=["r", "r"], tail=[["e0"], ["e1"]]),
+        "tail column 'tail' holds list<element: string> values, not labels",
+    ),
+    "a struct column": (
+        _table(head=["a", "b"], relation=[{"a": "x"}, {"a": "y"}], tail=["c", "d"]),
+        "relation column 'relation' holds struct<a: string> values, not labels",
+    ),
+    "a column named twice": (
+        pa.Table.from_arrays(
+            [pa.array(x) for x in (["a"], ["r"], ["b"], ["c"])],
+            names=["head", "relation", "tail", "tail"],
+        ),
+        "tail column 'tail' appears 2 times in the file (give its columns distinct names)",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NOT_LABELS))
+def test_columns_that_hold_no_labels_are_refused(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A float, list or struct column was made into labels (`12.0` beside the integer `12`,
+    `nan`, `['e0']`); a column named twice gave a KeyError. Both readers refuse them alike."""
+    table, problem = NOT_LABELS[case]
+    out, _ = _both(tmp_path, monkeypatch, {"train": table})
+    assert isinstance(out, str) and problem in out, out
 
 
 def test_a_file_that_is_not_parquet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

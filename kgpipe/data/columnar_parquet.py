@@ -46,12 +46,12 @@ def _table(
     with opened(url, storage_options) as f:
         try:
             pf = pq.ParquetFile(f)
-            names = list(pf.schema_arrow.names)
+            schema = pf.schema_arrow
         except (pa.ArrowException, OSError) as err:
             raise DataError(url, f"not a valid Parquet file: {err}") from None
-        picked = pick_columns(names, columns, url)
+        picked = pick_columns(schema, columns, url)
         for name in picked:
-            kind = pf.schema_arrow.field(name).type
+            kind = schema.field(name).type
             if pa.types.is_dictionary(kind):
                 kind = kind.value_type
             text = pa.types.is_string(kind) or pa.types.is_large_string(kind)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, TripleFormat
 from kgpipe.data.formats.text import ROLES
 from kgpipe.errors import DataError
@@ -29,10 +31,10 @@ def _parse_parquet(
 
     try:
         pf = pq.ParquetFile(pa.BufferReader(data))
-        names = list(pf.schema_arrow.names)
+        schema = pf.schema_arrow
     except (pa.ArrowException, OSError) as err:
         raise DataError(source, f"not a valid Parquet file: {err}") from None
-    picked = pick_columns(names, columns, source)
+    picked = pick_columns(schema, columns, source)
     try:
         table = pf.read(columns=list(dict.fromkeys(picked)))
     except (pa.ArrowException, OSError) as err:
@@ -64,10 +66,15 @@ def _parse_parquet(
 
 
 def pick_columns(
-    names: list[str], columns: tuple[str | int, str | int, str | int] | None, source: str
+    schema: Any, columns: tuple[str | int, str | int, str | int] | None, source: str
 ) -> list[str]:
-    """The names of the head, relation and tail columns among ``names`` (``data.columns``: a
-    name or an index each; default ``head, relation, tail``); :class:`DataError` otherwise."""
+    """The names of the head, relation and tail columns of a file's Arrow ``schema``
+    (``data.columns``: a name or an index each; default ``head, relation, tail``);
+    :class:`DataError` for a column that is not there, is there twice, or holds values that
+    are no labels (floats, nested values)."""
+    import pyarrow as pa
+
+    names = list(schema.names)
     wanted = columns if columns is not None else _DEFAULT_COLUMNS
     available = ", ".join(map(repr, names))
     picked: list[str] = []
@@ -89,6 +96,23 @@ def pick_columns(
             raise DataError(
                 source, f"{role} column {col!r} not found; available columns: {available}{hint}"
             )
+        name = picked[-1]
+        if names.count(name) > 1:
+            raise DataError(
+                source,
+                f"{role} column {name!r} appears {names.count(name)} times in the file "
+                "(give its columns distinct names)",
+            )
+        kind = schema.field(name).type
+        if pa.types.is_floating(kind):
+            raise DataError(
+                source,
+                f"{role} column {name!r} holds {kind} values: labels are text or integers (a "
+                "float column is often integer ids with missing values, as pandas stores them; "
+                "write it as integers or strings)",
+            )
+        if pa.types.is_nested(kind):
+            raise DataError(source, f"{role} column {name!r} holds {kind} values, not labels")
     return picked
 
 
