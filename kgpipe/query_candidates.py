@@ -87,6 +87,19 @@ class QueryCandidates:
     def label(self) -> str:
         return f"per-query-{self.k}"
 
+    @staticmethod
+    def too_many(k: int, num_entities: int) -> str | None:
+        """Why ``k`` candidates a query cannot be drawn from ``num_entities`` entities, or None.
+        They are drawn with replacement from the entities other than the answer: ``k`` of them
+        or more repeat candidates and count them twice (on UMLS's 135 entities ``k = 2000``
+        gave a mean rank of 172)."""
+        if k < num_entities - 1:
+            return None
+        return (
+            f"{k} candidates a query are not fewer than the {num_entities - 1} other entities of "
+            "the graph: rank against all entities instead"
+        )
+
     def draw(self, num_entities: int, side: str, targets: Tensor, start: int) -> Tensor:
         """Candidates ``(b, k)`` of the queries of triples ``start .. start + b`` of the split
         on ``side`` (whose answers are ``targets``): never the answer itself."""

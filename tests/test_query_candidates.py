@@ -222,3 +222,25 @@ def test_sampling_is_part_of_what_early_stopping_compares(tmp_path: Path) -> Non
     longer = {**base, "training": {"epochs": 2}, "evaluation": evaluation}
     with pytest.raises(KgpipeError, match=r"evaluation.sampled: 10 in the run, None given\)"):
         train(parse_config(longer), resume=True)
+
+
+def test_as_many_candidates_as_entities_are_refused_where_a_run_starts(tmp_path: Path) -> None:
+    """Candidates are drawn with replacement from the entities other than the answer: on UMLS
+    (135 entities) `evaluation.candidates: 2000` trained and reported a mean rank of 172. A
+    run, and an evaluation of a run, now refuse as many as there are other entities."""
+    from kgpipe.errors import RunError
+    from kgpipe.pipeline import train
+    from kgpipe.runs.read import evaluate_run
+
+    data = {"run": {"root": str(tmp_path), "name": "many"}, "data": {"dataset": "umls"},
+            "model": {"name": "distmult", "dim": 8}, "training": {"epochs": 1},
+            "evaluation": {"candidates": 134}}  # fmt: skip
+    with pytest.raises(ConfigError, match=r"134 candidates a query are not fewer than the 134"):
+        train(parse_config(data))
+    assert not (tmp_path / "many").exists()
+    data["evaluation"] = {"candidates": 133}
+    result = train(parse_config(data))
+    assert result.results is not None and result.results["mr"] <= 134
+    with pytest.raises(RunError, match=r"1000 candidates a query are not fewer than the 134"):
+        evaluate_run(str(tmp_path / "many"), candidates=1000)
+    assert evaluate_run(str(tmp_path / "many"), candidates="all")["mr"] <= 135

@@ -180,8 +180,9 @@ class EvaluationConfig(Frozen):
             "rank each validation and test answer against its own fixed set of this many "
             "entities (drawn uniformly, with replacement, from the entities other than the "
             "answer; the same set at every validation and in every run with the same "
-            "candidates_seed; known true triples among them filtered). Not comparable with "
-            "full ranking; results.json names the protocol."
+            "candidates_seed; known true triples among them filtered); fewer than the graph's "
+            "entities (checked where a run starts). Not comparable with full ranking; "
+            "results.json names the protocol."
         ),
     )
     candidates_seed: int = Field(

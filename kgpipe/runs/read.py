@@ -220,6 +220,10 @@ def evaluate_run(
     changes: dict[str, Any] = {}
     if batch_size is not None:
         changes["batch_size"] = batch_size
+    if isinstance(candidates, int) and (
+        problem := QueryCandidates.too_many(candidates, run.vocab.num_entities)
+    ):
+        raise RunError(f"candidates: {problem} (candidates 'all')")
     if candidates is not None:
         changes["candidates"] = None if candidates == "all" else candidates
         changes["sampled"] = None  # validation only; the two exclude each other

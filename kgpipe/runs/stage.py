@@ -15,6 +15,7 @@ from kgpipe.config import RunConfig, config_to_yaml
 from kgpipe.data.dataset import load_dataset
 from kgpipe.data.shards import stage_shards
 from kgpipe.errors import ConfigError
+from kgpipe.query_candidates import QueryCandidates
 from kgpipe.runs.folder import (
     CONFIG,
     DATA,
@@ -147,9 +148,17 @@ def preflight(
     _check_new_run(config)
     versions = file_versions(config.data) if keep else None
     dataset = load_dataset(config.data, retry=retry_policy(config))
+    _check_candidates(config, dataset.num_entities)
     if keep:
         keep_parsed(config.data, versions, dataset)
     return config
+
+
+def _check_candidates(config: RunConfig, num_entities: int) -> None:
+    k = config.evaluation.candidates
+    problem = None if k is None else QueryCandidates.too_many(k, num_entities)
+    if problem is not None:
+        raise ConfigError(f"evaluation.candidates: {problem} (leave it unset)")
 
 
 def prepare_run(
@@ -211,6 +220,7 @@ def prepare_run(
     # input errors: before writes; a pre-flight check in this process may have parsed it
     dataset = take_parsed(config.data) or load_dataset(config.data, retry=retry_policy(config))
     say(dataset.summary())
+    _check_candidates(config, dataset.num_entities)
     if SCHEDULES.get(config.training.schedule).follows_validation and dataset.valid.numel() == 0:
         raise ConfigError(
             f"training.schedule={config.training.schedule} needs validation triples, and the "
