@@ -22,10 +22,11 @@ from kgpipe.evaluation import ProgressFn
 from kgpipe.launch.base import Launcher
 from kgpipe.launch.dask import DaskLauncher, open_run_cluster
 from kgpipe.launch.in_process import InProcessLauncher
+from kgpipe.process import check_not_reimported
 from kgpipe.runs.finish import finish_run
 from kgpipe.runs.folder import RunFolder
 from kgpipe.runs.segments import SegmentResult, drive_segments
-from kgpipe.runs.stage import prepare_run, run_lease
+from kgpipe.runs.stage import check_processes, prepare_run, run_lease
 from kgpipe.tracking import check_tracking, track_run
 from kgpipe.training.hooks import Callback
 from kgpipe.training.records import EpochStats
@@ -103,6 +104,8 @@ def train(
     the run resumes); a tracking server that does not answer fails the call before anything
     is written.
     """
+    check_not_reimported("kgpipe.pipeline.train")
+    check_processes(config)  # before the lease, which writes to the run folder
     say = log or (lambda _msg: None)
     t_start = time.perf_counter()
     if resume:

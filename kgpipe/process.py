@@ -29,6 +29,8 @@ import torch
 __all__ = [
     "ThreadGovernor",
     "available_cores",
+    "check_guarded_script",
+    "check_not_reimported",
     "configure",
     "cpu_sample",
     "retain_freed_memory",
@@ -36,6 +38,79 @@ __all__ = [
 ]
 
 log = logging.getLogger("kgpipe.process")
+
+
+def check_not_reimported(what: str) -> None:
+    """Refuse to start ``what`` from the top level of a script that a new process is importing.
+
+    Dask's workers (and any ``multiprocessing`` process started by spawning) import the main
+    script again, as ``__mp_main__``: a script that trains at its top level, not under
+    ``if __name__ == "__main__":``, trained again in every worker as it started, which failed on
+    the run folder the first process holds, with an error about another writer."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            from kgpipe.errors import KgpipeError
+
+            raise KgpipeError(
+                f"{what} was called while a new process (a Dask worker) imported the script "
+                f"{frame.f_globals.get('__file__', '')}: put the call under "
+                '`if __name__ == "__main__":`, as a new process imports the script again'
+            )
+        frame = frame.f_back  # type: ignore[assignment]
+
+
+def _unguarded_call_in_main() -> tuple[str, int] | None:
+    """The script and line of a call from its top level outside ``if __name__ == "__main__":``,
+    or None (no script, a guarded call, or anything not understood)."""
+    import ast
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str) or not path.endswith(".py"):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and not (
+        frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)
+    ):
+        frame = frame.f_back  # type: ignore[assignment]
+    if frame is None:
+        return None
+    line = frame.f_lineno
+    try:
+        tree = ast.parse(Path(path).read_text())
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+    def main_test(test: ast.expr) -> bool:
+        return (
+            isinstance(test, ast.Compare)
+            and isinstance(test.left, ast.Name)
+            and test.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+        )
+
+    for node in ast.walk(tree):
+        end = getattr(node, "end_lineno", None) or 0
+        if isinstance(node, ast.If) and main_test(node.test) and node.lineno <= line <= end:
+            return None
+    return path, line
+
+
+def check_guarded_script(what: str) -> None:
+    """Refuse to start new processes (``what``: a Dask cluster's workers) from the top level
+    of a script outside ``if __name__ == "__main__":``: each process imports the script again
+    and would run the call again (:func:`check_not_reimported` stops it there, but the parent
+    then only hears that its workers failed to start)."""
+    found = _unguarded_call_in_main()
+    if found is not None:
+        from kgpipe.errors import KgpipeError
+
+        raise KgpipeError(
+            f"{found[0]}, line {found[1]}: {what} starts new processes, which import this script "
+            'again and would run this call again: put it under `if __name__ == "__main__":`'
+        )
+
 
 # glibc mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD = -1

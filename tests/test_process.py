@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -109,3 +110,61 @@ def test_a_busy_neighbour_takes_a_thread_and_gives_it_back(threads: object) -> N
         busy.wait()
     _settle(gov, 1.5)
     assert gov.threads > during
+
+
+_UNGUARDED = """
+from kgpipe.config import load_config
+from kgpipe.pipeline import train
+train(load_config("configs/umls-complex.yaml", ["training.epochs=1", "distributed.workers=2",
+                  "run.root={root}", "run.name=r"]))
+"""
+
+
+def test_a_script_that_trains_on_dask_workers_at_its_top_level_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Dask's workers import the main script again: one that trained at its top level, not
+    under `if __name__ == "__main__":`, trained again in every worker, which failed on the run
+    folder the first process held (an error about another writer, 109 lines of tracebacks).
+    It is now refused in the first process, before anything is written; the same call under
+    the guard, or from a function the guard calls, is not (checked by the script's syntax)."""
+    from kgpipe.process import _unguarded_call_in_main
+
+    script = tmp_path / "train_it.py"
+    script.write_text(_UNGUARDED.format(root=tmp_path / "runs"))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         cwd=Path(__file__).parents[1], timeout=300)  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"kgpipe.errors.KgpipeError: {script}, line 4: training on the local Dask cluster starts "
+        "new processes, which import this script again and would run this call again: put it "
+        'under `if __name__ == "__main__":`'
+    )
+    assert not (tmp_path / "runs").exists()
+    guarded = tmp_path / "guarded.py"
+    guarded.write_text(
+        "from kgpipe.process import _unguarded_call_in_main as found\n"
+        "def go():\n    return found()\n"
+        "if __name__ == '__main__':\n    print(go(), found())\n"
+        "print(found())\n"
+    )
+    out = subprocess.run([sys.executable, str(guarded)], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.stdout.splitlines() == ["None None", f"('{guarded}', 6)"], out.stderr
+    assert _unguarded_call_in_main() is None  # pytest's own main module is guarded
+
+
+def test_a_new_process_importing_the_script_is_refused(tmp_path: Path) -> None:
+    """The second line of defence, in the new process: the script's top level runs as
+    `__mp_main__` there."""
+    import runpy
+
+    from kgpipe.errors import KgpipeError
+
+    script = tmp_path / "s.py"
+    script.write_text(
+        "from kgpipe.process import check_not_reimported\ncheck_not_reimported('x')\n"
+    )
+    with pytest.raises(KgpipeError, match="x was called while a new process"):
+        runpy.run_path(str(script), run_name="__mp_main__")
+    runpy.run_path(str(script), run_name="__main__")  # the script itself runs

@@ -19,7 +19,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from kgpipe.distributed.clusters import CLUSTERS, worker_threads
 from kgpipe.distributed.gang import live_workers
 from kgpipe.errors import KgpipeError
-from kgpipe.process import available_cores, configure, thread_environ
+from kgpipe.process import available_cores, check_guarded_script, configure, thread_environ
 
 __all__ = ["TorchWorkerSetup", "open_cluster"]
 
@@ -139,6 +139,7 @@ def open_cluster(
     owned: Any = None
     registered: str | None = None
     if cluster in CLUSTERS:
+        check_guarded_script(f"the {cluster} Dask cluster")
         owned = CLUSTERS.get(cluster)().start(
             workers=workers,
             threads=threads,

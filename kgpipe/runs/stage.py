@@ -14,7 +14,9 @@ from collections.abc import Callable
 from kgpipe.config import RunConfig, config_to_yaml
 from kgpipe.data.dataset import load_dataset
 from kgpipe.data.shards import stage_shards
+from kgpipe.distributed.clusters import CLUSTERS
 from kgpipe.errors import ConfigError
+from kgpipe.process import check_guarded_script, check_not_reimported
 from kgpipe.query_candidates import QueryCandidates
 from kgpipe.runs.folder import (
     CONFIG,
@@ -113,6 +115,8 @@ def _check_new_run(config: RunConfig) -> None:
 def _check_trainable(config: RunConfig) -> None:
     """What a run may not train with, refused where it starts or resumes, not wherever a
     config is read: a finished run that has it is still read (evaluate, predict, export)."""
+    check_not_reimported("training")
+    check_processes(config)
     _check_placement(config)
     d = config.distributed
     if d.sync == "epoch" and d.workers > 1 and config.training.mode == "kvsall":
@@ -152,6 +156,14 @@ def preflight(
     if keep:
         keep_parsed(config.data, versions, dataset)
     return config
+
+
+def check_processes(config: RunConfig) -> None:
+    """A run on a Dask cluster it starts, from a script's top level outside the main guard,
+    is refused before anything is written (:func:`~kgpipe.process.check_guarded_script`)."""
+    dist = config.distributed
+    if dist.uses_dask and dist.cluster in CLUSTERS:
+        check_guarded_script(f"training on the {dist.cluster} Dask cluster")
 
 
 def _check_candidates(config: RunConfig, num_entities: int) -> None:

@@ -14,7 +14,9 @@ from importlib import resources
 from typing import Any
 
 from kgpipe.config import RunConfig
+from kgpipe.distributed.clusters import CLUSTERS
 from kgpipe.errors import ConfigError
+from kgpipe.process import check_guarded_script, check_not_reimported
 from kgpipe.tune.folder import StudyFolder, create_study_folder, open_study_folder
 from kgpipe.tune.results import summarize
 from kgpipe.tune.settings import TuneSettings, check_budget, check_storage, parse_duration
@@ -56,6 +58,9 @@ def prepare_study(
     base: RunConfig, space: SearchSpace | None, settings: TuneSettings
 ) -> StudyFolder:
     """Check the search and create its study folder (nothing is written on a bad input)."""
+    check_not_reimported("a search")
+    if settings.cluster in CLUSTERS:
+        check_guarded_script(f"a search on the {settings.cluster} Dask cluster")
     check_budget(settings)
     base = search_base(base)
     space = space or default_space(base.model.name)
