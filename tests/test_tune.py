@@ -22,7 +22,7 @@ from cli_support import run_cli
 
 from kgpipe.config import RunConfig
 from kgpipe.config.io import load_config, parse_config
-from kgpipe.errors import ConfigError, KgpipeError, RunError, SearchStopped
+from kgpipe.errors import ConfigError, DataError, KgpipeError, RunError, SearchStopped
 from kgpipe.runs.read import evaluate_run
 from kgpipe.tune import (
     SearchSpace,
@@ -463,6 +463,20 @@ def test_failing_trial_comes_back_as_data(tmp_path: Path) -> None:
     assert "missing.tsv" in (out.error or "")
 
 
+def test_a_search_on_data_that_does_not_read_is_refused_before_its_study_exists(
+    tmp_path: Path,
+) -> None:
+    """A bad line failed every trial (each reading the whole graph again) and left a study
+    folder behind; the base config's data is now read once, before the study is created."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tr\tb\nb\tr\n")
+    base = base_config(data={"dataset": None, "train": str(bad)})
+    settings = TuneSettings(root=str(tmp_path / "studies"), name="s", trials=3, workers=1)
+    with pytest.raises(DataError, match=r"bad.tsv, line 2: expected 3 tab-separated fields"):
+        prepare_study(base, SearchSpace.from_yaml(SPACE), settings)
+    assert not (tmp_path / "studies").exists()
+
+
 def test_a_search_whose_every_trial_fails_stops_and_says_why(tmp_path: Path) -> None:
     """Data no trial can read fails every trial at once: the search stops after
     ``max_failures`` of them in a row (not thousands, as it once did on a GPU machine) and
@@ -470,17 +484,20 @@ def test_a_search_whose_every_trial_fails_stops_and_says_why(tmp_path: Path) -> 
     many failures ends as any search does."""
     from kgpipe.tune.study import run_study
 
-    base = base_config(data={"dataset": None, "train": str(tmp_path / "missing.tsv")})
+    data = tmp_path / "missing.tsv"
+    data.write_text("a\tr\tb\nb\tr\tc\n")  # there when the study starts (it checks), then gone
+    base = base_config(data={"dataset": None, "train": str(data)})
     settings = TuneSettings(root=str(tmp_path), name="s", trials=30, workers=1, max_failures=3)
     folder = prepare_study(base, SearchSpace.from_yaml(SPACE), settings)
+    spent = prepare_study(
+        base, SearchSpace.from_yaml(SPACE), settings.model_copy(update={"name": "t", "trials": 3})
+    )
+    data.unlink()
     with pytest.raises(SearchStopped, match=r"because 3 trials in a row failed \(the last: .*"
                        r"missing\.tsv: file not found\)"):  # fmt: skip
         run_study(folder)
     states = [t.state.name for t in load_optuna_study(folder).get_trials()]
     assert states == ["FAIL"] * 3
-    spent = prepare_study(
-        base, SearchSpace.from_yaml(SPACE), settings.model_copy(update={"name": "t", "trials": 3})
-    )
     run_study(spent)  # its budget, not the failures, ended it
     assert [t.state.name for t in load_optuna_study(spent).get_trials()] == ["FAIL"] * 3
 

@@ -166,6 +166,14 @@ def check_processes(config: RunConfig) -> None:
         check_guarded_script(f"training on the {dist.cluster} Dask cluster")
 
 
+def check_trainable_data(config: RunConfig) -> None:
+    """The checks of a new run's input that do not need its run folder (a search's base
+    config, before its study starts): the graph reads and parses, and the evaluation it asks
+    for fits it. Writes nothing."""
+    dataset = load_dataset(config.data, retry=retry_policy(config))
+    _check_candidates(config, dataset.num_entities)
+
+
 def _check_candidates(config: RunConfig, num_entities: int) -> None:
     k = config.evaluation.candidates
     problem = None if k is None else QueryCandidates.too_many(k, num_entities)

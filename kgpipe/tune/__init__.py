@@ -17,6 +17,7 @@ from kgpipe.config import RunConfig
 from kgpipe.distributed.clusters import CLUSTERS
 from kgpipe.errors import ConfigError
 from kgpipe.process import check_guarded_script, check_not_reimported
+from kgpipe.runs.stage import check_trainable_data
 from kgpipe.tune.folder import StudyFolder, create_study_folder, open_study_folder
 from kgpipe.tune.results import summarize
 from kgpipe.tune.settings import TuneSettings, check_budget, check_storage, parse_duration
@@ -71,6 +72,9 @@ def prepare_study(
         raise ConfigError(
             "a search needs training.epochs >= 1: a trial of 0 epochs validates nothing"
         )
+    # the graph must read: a bad line failed every trial, each reading the whole graph again,
+    # and left a study folder behind
+    check_trainable_data(base)
     return create_study_folder(base, space, settings)
 
 
