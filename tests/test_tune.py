@@ -435,6 +435,13 @@ def test_a_base_that_does_not_validate_validates_at_most_five_times_a_trial(
         assert len({*range(every, epochs + 1, every), epochs}) <= 5, epochs
     kept = base_config(evaluation={"every": 3}, training={"epochs": 10})
     assert search_base(kept) is kept
+    # validating only at a trial's end (every 25 of 2 epochs) leaves a pruner nothing to act on
+    late = base_config(evaluation={"every": 25}, training={"epochs": 2})
+    assert search_base(late).evaluation.every == 1
+    assert (
+        search_base(base_config(evaluation={"every": 10}, training={"epochs": 10})).evaluation.every
+        == 2
+    )
     base = base_config(evaluation={"every": 0}, training={"epochs": 10})
     folder = prepare_study(base, SearchSpace.from_yaml(SPACE), TuneSettings(root=str(tmp_path)))
     assert open_study_folder(folder.path).base.evaluation.every == 2

@@ -86,8 +86,10 @@ def search_base(base: RunConfig) -> RunConfig:
     """The base config a search runs: a search selects on validation and its pruner acts at
     each one, so a base that does not validate (``evaluation.every: 0``, the default) validates
     at most :data:`VALIDATIONS` times a trial: every ``ceil(training.epochs / 5)`` epochs (a run
-    also validates at its last epoch)."""
-    if base.evaluation.every:
+    also validates at its last epoch). So does a base whose ``evaluation.every`` is not below
+    its ``training.epochs`` (the shipped UMLS config's 25 under ``--set training.epochs=2``):
+    its trials would validate only at their end, where no pruner acts."""
+    if 0 < base.evaluation.every < base.training.epochs:
         return base
     every = max(1, -(-base.training.epochs // VALIDATIONS))
     evaluation = base.evaluation.model_copy(update={"every": every})
