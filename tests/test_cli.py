@@ -422,6 +422,22 @@ def test_ls_prints_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert "model.name" in text and "complex" in text and "kvsall" in text
 
 
+def test_resume_of_a_run_that_is_not_there_says_a_new_run_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--resume with a mistyped run name trained a whole new run without a word."""
+    sets = ["--set", f"run.root={tmp_path}", "--set", "run.name=nope", "--set", "training.epochs=1",
+            "--set", "model.dim=8"]  # fmt: skip
+    code, _, err = run_cli(["train", "-c", "configs/umls-complex.yaml", *sets, "--resume",
+                            "--no-prefect", "-q"], capsys)  # fmt: skip
+    assert code == 0
+    said = " ".join(err.split())
+    assert f"warning: no run at {tmp_path / 'nope'} to resume: a new run starts" in said
+    code, _, err = run_cli(["train", "-c", "configs/umls-complex.yaml", *sets, "--resume",
+                            "--no-prefect", "-q"], capsys)  # fmt: skip
+    assert code == 0 and "warning" not in err  # it is there now: resumed (finished)
+
+
 def test_resume_and_overwrite_exclude_each_other(tmp_path: Path) -> None:
     proc = _run_cli("train", "-c", str(_config(tmp_path)), "--resume", "--overwrite", cwd=tmp_path)
     assert proc.returncode == 2 and "not allowed with argument" in proc.stderr

@@ -98,6 +98,16 @@ def run(args: argparse.Namespace, console: Console) -> int:
     from kgpipe.cli.output import EvalProgress, TrainProgress, print_metrics, ranking_word
     from kgpipe.pipeline import train
 
+    if args.resume:
+        from kgpipe.runs.folder import CONFIG, run_store
+
+        store = run_store(config)
+        if not store.exists(CONFIG):  # a mistyped name would train a whole run unannounced
+            console.print(
+                f"[yellow]warning:[/] no run at {escape(store.url)} to resume: a new run starts",
+                highlight=False,
+                soft_wrap=True,
+            )
     progress = None if args.quiet else TrainProgress(console)
     callbacks: list[Callback] = [] if progress is None else [progress]
     log = None if args.quiet else (lambda m: console.log(escape(m), highlight=False))
