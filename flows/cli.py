@@ -75,6 +75,40 @@ class _Echo(logging.Handler):
             self.log(record.getMessage())
 
 
+class _NoSignalCrash(logging.Filter):
+    """Prefect logs a run that a signal stopped as crashed, at ERROR ("Crash detected!
+    Execution was aborted by an interrupt signal", then its "Crashed" states): the command
+    says that it was interrupted, and how to go on, itself. On the console only: the Prefect
+    API still records them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return "aborted by an interrupt signal" not in message and (
+            "aborted by a termination signal" not in message
+        )
+
+
+@contextlib.contextmanager
+def _quiet_signal_crashes() -> Iterator[None]:
+    names = [
+        n for n in logging.root.manager.loggerDict if n == "prefect" or n.startswith("prefect.")
+    ]
+    handlers = {
+        h
+        for logger in [logging.getLogger(), *map(logging.getLogger, names)]
+        for h in logger.handlers
+        if isinstance(h, logging.StreamHandler)
+    }
+    quiet = _NoSignalCrash()
+    for h in handlers:
+        h.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for h in handlers:
+            h.removeFilter(quiet)
+
+
 def _prefect_dir() -> str:
     import prefect
 
@@ -169,7 +203,7 @@ def run(
         flow = build_train_flow(callbacks)
         # with verbose, Prefect's console prints kgpipe's lines itself: no echo as well
         try:
-            with _echo(None if verbose else log):
+            with _echo(None if verbose else log), _quiet_signal_crashes():
                 summary = flow(
                     config, resume=not overwrite, overwrite=overwrite, lease=lease.handle
                 )

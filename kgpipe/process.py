@@ -67,8 +67,11 @@ def _unguarded_call_in_main() -> tuple[str, int] | None:
 
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
-    if main is None or not isinstance(path, str) or not path.endswith(".py"):
+    if main is None or not isinstance(path, str):
         return None
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and (spec.name == "__main__" or spec.name.endswith(".__main__")):
+        return None  # `python -m package`: multiprocessing does not import it again
     frame = sys._getframe(1)
     while frame is not None and not (
         frame.f_code.co_name == "<module>" and frame.f_globals is vars(main)

@@ -95,6 +95,7 @@ def test_an_interrupted_run_ends_within_seconds_quietly_and_stays_resumable(
     assert proc.returncode == status, err[-3000:]
     assert took < 10, took
     assert "Traceback" not in err and err.strip().splitlines()[-1] == said, err[-3000:]
+    assert "ERROR" not in err and "Crash" not in err, err[-3000:]  # Prefect's crash lines
     hint = err.strip().splitlines()[-2]  # how to go on: the same command, with --resume
     assert hint.startswith("to go on from its last checkpoint: kgpipe train -c "), err[-3000:]
     assert hint.endswith(" --set model.dim=32 --set run.name=s --resume"), hint
