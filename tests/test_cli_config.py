@@ -119,7 +119,7 @@ def test_errors_name_the_closest_key_and_blame_the_set_value_not_the_file(
     err = _train(["-c", good, "--set", "model.dim=7", "--set", "training.epochs=3"], capsys)
     line = next(i for i, x in enumerate(Path(good).read_text().splitlines(), 1) if x == "model:")
     assert err.strip() == (
-        f"error: {good}, line {line}: model: Value error, model.dim must be even for complex "
+        f"error: {good}, line {line}: model: model.dim must be even for complex "
         "(got 7) (with --set model.dim=7)"
     )
 

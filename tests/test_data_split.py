@@ -248,6 +248,23 @@ def test_a_run_without_validation_says_so(tmp_path: Path, caplog: pytest.LogCapt
     assert NO_VALIDATION in caplog.text
 
 
+def test_a_test_split_whose_every_triple_is_dropped_says_so(tmp_path: Path) -> None:
+    """With data.unseen: drop, a test file of only unseen entities ended the run with no test
+    metrics and no results.json, the log saying only `test: 0 triples`."""
+    train = tmp_path / "train.tsv"
+    train.write_text("a\tr\tb\nb\tr\tc\nc\tr\ta\n")
+    test = tmp_path / "test.tsv"
+    test.write_text("x\tr\ty\na\tq\tb\n")
+    data = {"train": str(train), "valid": str(train), "test": str(test), "unseen": "drop"}
+    _, said = stage(tmp_path, data)
+    assert (
+        f"WARNING: no test triples left: all 2 read from {test} have entities or relations not "
+        "in train (dropped, data.unseen: drop), so there will be no test metrics"
+    ) in said
+    _, said = stage(tmp_path / "kept", {**data, "unseen": "keep"})
+    assert not any("no test triples" in line for line in said)
+
+
 # ---------------------------------------------------------------------------------------------
 # end to end
 

@@ -17,7 +17,7 @@ HELP = "filtered link-prediction metrics of a trained run"
 
 def add_arguments(e: argparse.ArgumentParser) -> None:
     e.add_argument("run", type=url, help="run folder URL")
-    e.add_argument("--split", choices=("valid", "test"), default="test")
+    e.add_argument("--split", choices=("valid", "test"), default="test", help="default: test")
     e.add_argument(
         "--batch-size",
         type=positive_int,

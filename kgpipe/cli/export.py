@@ -16,7 +16,9 @@ HELP = "export embeddings"
 
 def add_arguments(x: argparse.ArgumentParser) -> None:
     x.add_argument("run", type=url, help="run folder URL")
-    x.add_argument("--format", choices=("parquet", "npy"), default="parquet")
+    x.add_argument(
+        "--format", choices=("parquet", "npy"), default="parquet", help="default: parquet"
+    )
     x.add_argument("--out", type=url, required=True, help="output folder URL")
     x.add_argument("--checkpoint", type=checkpoint, metavar="best|latest|N", help=CHECKPOINT_HELP)
 

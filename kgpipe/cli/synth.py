@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fraction of validation edges (0: no file); default: 0.01")  # fmt: skip
     p.add_argument("--test", type=split_fraction, default=0.01, metavar="F",
                    help="fraction of test edges (0: no file); default: 0.01")  # fmt: skip
-    p.add_argument("--format", choices=("tsv", "parquet"), default="tsv")
+    p.add_argument("--format", choices=("tsv", "parquet"), default="tsv", help="default: tsv")
     p.add_argument("--chunk-edges", type=positive_int, default=1 << 20, metavar="C",
                    help="edges generated and written at a time (memory); the output does not "
                    "depend on it; default: 1048576")  # fmt: skip

@@ -62,7 +62,9 @@ def _format_validation_error(
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {got!r})"
-            text = f"{path}: {e['msg']}{shown}"
+            # a validator's own message, without pydantic's "Value error, " before it
+            message = str(e["msg"]).removeprefix("Value error, ")
+            text = f"{path}: {message}{shown}"
         item = _blame(path, overrides)
         if item is None:  # a section's own check: the file and the --set items within it
             within = [

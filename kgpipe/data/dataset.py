@@ -94,7 +94,8 @@ class TripleDataset:
     def summary(self) -> str:
         """A few human-readable lines with the counts of the graph and of each split."""
         out = [
-            f"{self.num_entities:,} entities, {self.num_relations:,} relations "
+            f"{_count(self.num_entities, 'entity', 'entities')}, "
+            f"{_count(self.num_relations, 'relation', 'relations')} "
             f"(fingerprint {self.fingerprint[:12]})"
         ]
         for split in SPLITS:
@@ -130,6 +131,10 @@ class TripleDataset:
                     "have left an entity or relation without a train triple"
                 )
         return "\n".join(out)
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
 
 
 def _header_note(rep: SplitReport) -> str:

@@ -248,6 +248,14 @@ def prepare_run(
         )
     if dataset.valid.numel() == 0:
         _warner(log, warn)(NO_VALIDATION)
+    test = dataset.reports.get("test")
+    if test is not None and test.unseen and not test.triples and config.evaluation.test:
+        # every test triple dropped (data.unseen: drop): the run would end with no test metrics
+        _warner(log, warn)(
+            f"no test triples left: all {test.unseen:,} read from {test.source} have entities "
+            "or relations not in train (dropped, data.unseen: drop), so there will be no test "
+            "metrics"
+        )
     if exists:  # replace the run folder's contents; the lease (held by this writer) stays
         for name in store.list():
             if name != LEASE:
