@@ -12,11 +12,16 @@ used. Both given for the run (neither equal to its default) is refused.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from kgpipe.config import RunConfig, apply_overrides, load_config, parse_config
 from kgpipe.errors import ConfigError
+
+# a flow run from Python starts Prefect's temporary server as the CLI does, without its
+# telemetry: offline (a cluster's private network) it logs an ERROR at every start
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 __all__ = ["deployment_defaults", "flow_run_tag", "resolve_config"]
 
