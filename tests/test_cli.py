@@ -469,3 +469,21 @@ def test_the_cli_names_the_files_and_the_unfiltered_ranking(
     assert "unfiltered" in out + err and "from data.candidates files" in out + err
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| metric (test, unfiltered against files-7 candidates, not all entities) |" in report
+
+
+def test_a_run_stopped_while_staging_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Stopped while staging, a run has its config.yaml and no data: evaluate and predict said
+    `vocab/entities.tsv: file not found`, and the interrupted command offered to go on `from its
+    last checkpoint`, of which there was none."""
+    from kgpipe.cli.train import _trained
+    from kgpipe.config import load_config
+
+    config = load_config("configs/umls-complex.yaml", [f"run.root={tmp_path}", "run.name=half"])
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "config.yaml").write_text((Path("configs/umls-complex.yaml")).read_text())
+    assert not _trained(config)
+    code, _, err = run_cli(["evaluate", str(tmp_path / "half")], capsys)
+    assert code != 0
+    assert "its staging did not finish (the run stopped before it trained)" in " ".join(err.split())

@@ -81,6 +81,18 @@ def _resume_command(args: argparse.Namespace, config: RunConfig) -> str:
     return shlex.join([*words, "--resume"])
 
 
+def _trained(config: RunConfig) -> bool:
+    """Whether the run folder of ``config`` has a committed checkpoint (best effort: a store
+    that does not answer counts as yes, so the usual hint is given)."""
+    try:
+        from kgpipe.checkpoint import CheckpointStore
+        from kgpipe.runs.folder import run_store
+
+        return bool(CheckpointStore(run_store(config)).committed())
+    except Exception:
+        return True
+
+
 def run(args: argparse.Namespace, console: Console) -> int:
     # imported here, not above: `kgpipe --help` and usage errors do not wait for torch; and
     # the config is read before the pipeline (Dask, pyarrow, ...) is imported, so that a
@@ -142,6 +154,8 @@ def run(args: argparse.Namespace, console: Console) -> int:
             progress.close()
             progress = None
         said = f"to go on from its last checkpoint: {_resume_command(args, config)}"
+        if not _trained(config):  # stopped while staging: nothing to go on from
+            said = f"stopped before training began; to start again: {_resume_command(args, config)}"
         console.print(escape(said), soft_wrap=True)
         raise
     finally:

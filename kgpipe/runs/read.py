@@ -112,6 +112,11 @@ def load_run(
     committed checkpoint (see :data:`CheckpointChoice`)."""
     store, config = open_run(url, storage_options)
     check_not_trimmed(store)
+    if not store.exists(DATA):  # written last by staging
+        raise RunError(
+            f"{url}: its staging did not finish (the run stopped before it trained): train it "
+            "again with the same command"
+        )
     vocab = Vocabulary.read(store.url_of(VOCAB), storage_options)
     if checkpoint is None:
         return LoadedRun(url, store, config, vocab, final_model(store, config))
