@@ -85,18 +85,30 @@ def _unguarded_call_in_main() -> tuple[str, int] | None:
     except (OSError, SyntaxError, ValueError):
         return None
 
-    def main_test(test: ast.expr) -> bool:
-        return (
-            isinstance(test, ast.Compare)
-            and isinstance(test.left, ast.Name)
-            and test.left.id == "__name__"
-            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+    def names_main(node: ast.AST) -> bool:  # `__name__` compared with "__main__", any form
+        return any(
+            isinstance(c, ast.Compare)
+            and {"__name__"} <= {n.id for n in ast.walk(c) if isinstance(n, ast.Name)}
+            and any(isinstance(k, ast.Constant) and k.value == "__main__" for k in ast.walk(c))
+            for c in ast.walk(node)
         )
 
+    def exits(node: ast.If) -> bool:  # its body ends the script: `sys.exit()`, `raise ...`
+        last = node.body[-1]
+        call = last.value if isinstance(last, ast.Expr) else None
+        func = call.func if isinstance(call, ast.Call) else None
+        name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+        return isinstance(last, ast.Raise) or name in ("exit", "_exit", "quit")
+
     for node in ast.walk(tree):
-        end = getattr(node, "end_lineno", None) or 0
-        if isinstance(node, ast.If) and main_test(node.test) and node.lineno <= line <= end:
-            return None
+        # the call inside such a test's `if`, or after an early exit at the top level
+        # (`if __name__ != "__main__": sys.exit()`): guarded, or not understood -- not refused
+        if isinstance(node, ast.If) and names_main(node.test):
+            end = getattr(node, "end_lineno", None) or node.lineno
+            if node.lineno <= line <= end:
+                return None
+            if node in tree.body and node.lineno < line and exits(node):
+                return None
     return path, line
 
 

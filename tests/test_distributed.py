@@ -709,3 +709,31 @@ def test_an_existing_schedulers_workers_get_their_settings_back() -> None:
         assert during[0][0] == ("2", 2) and during[0][2] is True and len(during[0][3]) == 1
         with Client(outside.scheduler_address) as client:
             assert list(client.run(_settings_here).values()) == before
+
+
+def test_runs_that_overlap_on_a_worker_leave_it_as_it_was() -> None:
+    """Two runs share an existing scheduler's worker: the first to leave restored the settings
+    it had found (the other's still in force: threads, environment, deterministic kernels, log
+    filters gone under it), and the last left the first run's behind. Now the worker keeps the
+    latest run's settings while one is in force, and gets its own back after the last."""
+    from types import SimpleNamespace
+
+    from kgpipe.distributed.client import TorchWorkerSetup
+
+    worker = SimpleNamespace(state=SimpleNamespace(nthreads=1))
+    before = _threads_here(), torch.are_deterministic_algorithms_enabled()
+    filters = list(logging.getLogger("distributed.worker").filters)
+    a, b = TorchWorkerSetup(2, {"KGPIPE_PROBE": "a"}), TorchWorkerSetup(3)
+    try:
+        a.setup(worker)
+        b.setup(worker)
+        a.teardown(worker)
+        assert _threads_here() == ("3", 3) and torch.are_deterministic_algorithms_enabled()
+        assert "KGPIPE_PROBE" not in os.environ  # a's own variable went with it
+        assert len(logging.getLogger("distributed.worker").filters) == len(filters) + 2
+        b.teardown(worker)
+        assert (_threads_here(), torch.are_deterministic_algorithms_enabled()) == before
+        assert logging.getLogger("distributed.worker").filters == filters
+    finally:
+        for plugin in (a, b):
+            plugin.teardown(worker)

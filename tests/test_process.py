@@ -152,6 +152,16 @@ def test_a_script_that_trains_on_dask_workers_at_its_top_level_is_refused(
                          timeout=60)  # fmt: skip
     assert out.stdout.splitlines() == ["None None", f"('{guarded}', 6)"], out.stderr
     assert _unguarded_call_in_main() is None  # pytest's own main module is guarded
+    for guard in (
+        'if "__main__" == __name__:\n    print(found())\n',
+        'if __name__ == "__main__" and True:\n    print(found())\n',
+        'import sys\nif __name__ != "__main__":\n    sys.exit()\nprint(found())\n',
+    ):
+        other = tmp_path / "other.py"
+        other.write_text("from kgpipe.process import _unguarded_call_in_main as found\n" + guard)
+        out = subprocess.run([sys.executable, str(other)], capture_output=True, text=True,
+                             timeout=60)  # fmt: skip
+        assert out.stdout.splitlines() == ["None"], (guard, out.stderr)  # not refused
 
 
 def test_a_new_process_importing_the_script_is_refused(tmp_path: Path) -> None:

@@ -48,13 +48,40 @@ class _QuietClose(logging.Filter):
         return not (_closing.is_set() and "heartbeat" in str(record.msg))
 
 
+# In a worker process: what kgpipe's set-ups changed, as it was before the first of them, and
+# the set-ups in force (name -> environment, threads), latest last. Runs that share an existing
+# scheduler overlap on its workers: the worker keeps the latest run's settings while any is in
+# force, and gets its own back when the last one leaves.
+_lock = threading.Lock()
+_active: dict[str, tuple[dict[str, str], int]] = {}
+_original_env: dict[str, str | None] = {}
+_original: tuple[int, bool, bool] | None = None  # threads, deterministic, warn_only
+_filters: list[logging.Filter] = []
+
+
+def _apply(environ: dict[str, str], threads: int) -> None:
+    for key in environ:
+        _original_env.setdefault(key, os.environ.get(key))
+    os.environ.update(environ)
+    configure(threads=threads, allocator="system")
+
+
+def _restore_env() -> None:
+    for key, value in _original_env.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 class TorchWorkerSetup(WorkerPlugin):
     """Per-worker set-up at worker start: the worker's share of torch threads, its environment.
 
     Removing the plugin (:func:`open_cluster` does, from the workers of a scheduler it did not
-    start) puts back what it changed: the environment, torch's thread count and deterministic
-    setting, the log filters. Each registration has its own name, so one run never removes
-    another's."""
+    start) puts back what it changed once no other run's set-up is in force on the worker: the
+    environment, torch's thread count and deterministic setting, the log filters (while one
+    is, the worker takes the latest such run's settings). Each registration has its own name,
+    so one run never removes another's."""
 
     def __init__(
         self, threads: int | None, env: dict[str, str] | None = None, *, owned: bool = False
@@ -63,28 +90,28 @@ class TorchWorkerSetup(WorkerPlugin):
         self.env = dict(env or {})
         self.owned = owned
         self.name = f"kgpipe-torch-setup-{uuid.uuid4().hex[:8]}"
-        self._saved: tuple[dict[str, str | None], int, bool, bool] | None = None
-        self._filters: list[logging.Filter] = []
 
     def setup(self, worker: Any) -> None:
+        global _original
         dask_threads = getattr(getattr(worker, "state", None), "nthreads", 0)
         threads = self.threads or max(1, int(dask_threads or available_cores()))
         environ = {**self.env, **thread_environ(threads)}
-        self._saved = (
-            {k: os.environ.get(k) for k in environ},
-            torch.get_num_threads(),
-            torch.are_deterministic_algorithms_enabled(),
-            torch.is_deterministic_algorithms_warn_only_enabled(),
-        )
-        os.environ.update(environ)
-        configure(threads=threads, allocator="system")
-        # a rank's failure reaches the driver, which reports it in one line (and relaunches the
-        # gang); Dask's own "Compute Failed" block with the task's traceback would repeat it
-        worker_log = logging.getLogger("distributed.worker")
-        for quiet in (_NotARankFailure, _QuietClose):
-            if not any(isinstance(f, quiet) for f in worker_log.filters):
-                self._filters.append(quiet())
-                worker_log.addFilter(self._filters[-1])
+        with _lock:
+            if not _active:
+                _original = (
+                    torch.get_num_threads(),
+                    torch.are_deterministic_algorithms_enabled(),
+                    torch.is_deterministic_algorithms_warn_only_enabled(),
+                )
+            _apply(environ, threads)
+            _active[self.name] = (environ, threads)
+            # a rank's failure reaches the driver, which reports it in one line (and relaunches
+            # the gang); Dask's own "Compute Failed" block with the task's traceback repeats it
+            worker_log = logging.getLogger("distributed.worker")
+            for quiet in (_NotARankFailure, _QuietClose):
+                if not any(isinstance(f, quiet) for f in worker_log.filters):
+                    _filters.append(quiet())
+                    worker_log.addFilter(_filters[-1])
         if self.owned and threading.current_thread() is threading.main_thread():
             # a worker of a cluster kgpipe started shares the terminal's process group: a
             # Ctrl-C is the command's to handle (it closes the cluster), not each worker's to
@@ -92,19 +119,23 @@ class TorchWorkerSetup(WorkerPlugin):
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def teardown(self, worker: Any) -> None:
-        if self._saved is None:
-            return
-        environ, threads, deterministic, warn_only = self._saved
-        for key, value in environ.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
-        for f in self._filters:
-            logging.getLogger("distributed.worker").removeFilter(f)
-        self._saved, self._filters = None, []
+        global _original
+        with _lock:
+            if _active.pop(self.name, None) is None:
+                return
+            _restore_env()
+            if _active:  # another run's set-up is in force: its settings
+                _apply(*list(_active.values())[-1])
+                return
+            _original_env.clear()
+            if _original is not None:
+                threads, deterministic, warn_only = _original
+                torch.set_num_threads(threads)
+                torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+                _original = None
+            for f in _filters:
+                logging.getLogger("distributed.worker").removeFilter(f)
+            _filters.clear()
 
 
 def _check_heartbeats_often(dask_scheduler: Any, every_s: float) -> None:
