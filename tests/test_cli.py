@@ -477,13 +477,20 @@ def test_a_run_stopped_while_staging_says_so(
     """Stopped while staging, a run has its config.yaml and no data: evaluate and predict said
     `vocab/entities.tsv: file not found`, and the interrupted command offered to go on `from its
     last checkpoint`, of which there was none."""
-    from kgpipe.cli.train import _trained
+    import argparse
+
+    from kgpipe.cli.train import _stopped_hint
     from kgpipe.config import load_config
 
     config = load_config("configs/umls-complex.yaml", [f"run.root={tmp_path}", "run.name=half"])
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "config.yaml").write_text((Path("configs/umls-complex.yaml")).read_text())
-    assert not _trained(config)
+    args = argparse.Namespace(config="configs/umls-complex.yaml", set=[], no_prefect=True)
+    assert _stopped_hint(args, config).startswith("stopped before training began; to start again")
+    (tmp_path / "half" / "data.json").write_text("{}")  # staged, no checkpoint yet
+    hint = _stopped_hint(args, config)
+    assert hint.startswith("stopped before its first checkpoint; to train it from the start")
+    (tmp_path / "half" / "data.json").unlink()
     code, _, err = run_cli(["evaluate", str(tmp_path / "half")], capsys)
     assert code != 0
     assert "its staging did not finish (the run stopped before it trained)" in " ".join(err.split())

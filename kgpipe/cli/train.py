@@ -81,16 +81,23 @@ def _resume_command(args: argparse.Namespace, config: RunConfig) -> str:
     return shlex.join([*words, "--resume"])
 
 
-def _trained(config: RunConfig) -> bool:
-    """Whether the run folder of ``config`` has a committed checkpoint (best effort: a store
-    that does not answer counts as yes, so the usual hint is given)."""
+def _stopped_hint(args: argparse.Namespace, config: RunConfig) -> str:
+    """How to go on after an interrupt: from the last checkpoint; from the start when there
+    is none yet; staging again when staging had not finished (best effort: a store that does
+    not answer gets the usual hint)."""
+    again = _resume_command(args, config)
     try:
         from kgpipe.checkpoint import CheckpointStore
-        from kgpipe.runs.folder import run_store
+        from kgpipe.runs.folder import DATA, run_store
 
-        return bool(CheckpointStore(run_store(config)).committed())
+        store = run_store(config)
+        if not store.exists(DATA):  # written last by staging
+            return f"stopped before training began; to start again: {again}"
+        if not CheckpointStore(store).committed():
+            return f"stopped before its first checkpoint; to train it from the start: {again}"
     except Exception:
-        return True
+        pass
+    return f"to go on from its last checkpoint: {again}"
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -153,10 +160,7 @@ def run(args: argparse.Namespace, console: Console) -> int:
         if progress is not None:
             progress.close()
             progress = None
-        said = f"to go on from its last checkpoint: {_resume_command(args, config)}"
-        if not _trained(config):  # stopped while staging: nothing to go on from
-            said = f"stopped before training began; to start again: {_resume_command(args, config)}"
-        console.print(escape(said), soft_wrap=True)
+        console.print(escape(_stopped_hint(args, config)), soft_wrap=True)
         raise
     finally:
         if progress is not None:
