@@ -13,6 +13,7 @@ import pytest
 
 import kgpipe.data.reading as reading
 from kgpipe.config import DataConfig
+from kgpipe.errors import DataError
 from tests.test_columnar import _load, _same
 
 HEADS = ["a", "b", "c", "a", "é", "😀", "New York"]
@@ -236,3 +237,27 @@ def test_a_file_that_is_not_parquet(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     slow, _ = _load(config, False, monkeypatch)
     assert isinstance(fast, str) and "not a valid Parquet file" in fast
     assert fast.split(":")[0] == slow.split(":")[0]
+
+
+def test_a_file_is_hashed_once_and_a_change_while_it_is_read_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scan and the mapping each read the file; hashing it after both read it twice more
+    (two more downloads from an object store). It is hashed once, and the mapping compares its
+    size and footer. A file rewritten during a read is refused."""
+    import kgpipe.data.columnar_parquet as cp
+
+    calls: list[str] = []
+    real = cp._sha256
+    monkeypatch.setattr(cp, "_sha256", lambda url, so: calls.append(url) or real(url, so))
+    urls = _write(tmp_path, {"train": _table(), "test": _table()}, 2)
+    from kgpipe.data.dataset import load_dataset
+
+    data = load_dataset(DataConfig(**urls))
+    assert sorted(calls) == sorted(urls.values()) and data.train.shape[0] == len(HEADS)
+    with cp.parquet_batches(urls["train"], None, None, memo={}) as (batches, digest):
+        list(batches)
+        pq.write_table(_table(head=HEADS, relation=RELATIONS, tail=list(reversed(TAILS))),
+                       urls["train"])  # fmt: skip
+        with pytest.raises(DataError, match="the file changed while it was being read"):
+            digest()

@@ -181,7 +181,7 @@ class EvaluationConfig(Frozen):
             "entities (drawn uniformly, with replacement, from the entities other than the "
             "answer; the same set at every validation and in every run with the same "
             "candidates_seed; known true triples among them filtered); fewer than the graph's "
-            "entities (checked where a run starts). Not comparable with full ranking; "
+            "entities less one (checked where a run starts). Not comparable with full ranking; "
             "results.json names the protocol."
         ),
     )

@@ -37,13 +37,34 @@ def _sha256(url: str, storage_options: dict[str, Any] | None) -> str:
     return sha.hexdigest()
 
 
+def _identity(f: Any) -> tuple[int, str] | None:
+    """The file's size and the SHA-256 of its footer (the schema, the row groups' offsets and
+    statistics): what tells a rewritten file from the one already hashed, for a few ranged
+    reads instead of a pass over the file. None for a file too short to have one."""
+    try:
+        size = f.seek(0, 2)
+        f.seek(size - 8)
+        length = int.from_bytes(f.read(4), "little")
+        f.seek(max(0, size - 8 - length))
+        footer = f.read(length)
+        return size, hashlib.sha256(footer).hexdigest()
+    except (OSError, ValueError):
+        return None
+    finally:
+        with contextlib.suppress(OSError, ValueError):
+            f.seek(0)
+
+
 @contextlib.contextmanager
 def _table(
     url: str,
     storage_options: dict[str, Any] | None,
     columns: tuple[str | int, str | int, str | int] | None,
+    identity: list[tuple[int, str] | None] | None = None,
 ) -> Iterator[tuple[pq.ParquetFile, list[str]]]:
     with opened(url, storage_options) as f:
+        if identity is not None:
+            identity.append(_identity(f))
         try:
             pf = pq.ParquetFile(f)
             schema = pf.schema_arrow
@@ -74,11 +95,29 @@ def parquet_batches(
     storage_options: dict[str, Any] | None,
     columns: tuple[str | int, str | int, str | int] | None,
     batch_rows: int = 1 << 18,
+    memo: dict[str, Any] | None = None,
 ) -> Iterator[tuple[Iterator[Triples], Callable[[], str]]]:
-    """The file's triples ``batch_rows`` rows at a time, and the SHA-256 of the file's bytes
-    (read once more when it is asked for, after the batches)."""
-    with _table(url, storage_options, columns) as (pf, picked):
-        yield _batches(pf, picked, url, batch_rows), lambda: _sha256(url, storage_options)
+    """The file's triples ``batch_rows`` rows at a time, and the SHA-256 of the file's bytes,
+    read once more when it is first asked for, after the batches. ``memo`` (the same dict for
+    each read of one file) keeps it: a later read whose file has the same size and footer
+    gets it without that pass (an object store's file is downloaded once less). A file whose
+    size or footer changed while it was read is refused."""
+    opening: list[tuple[int, str] | None] = []
+
+    def digest() -> str:
+        with opened(url, storage_options) as f:
+            now = _identity(f)
+        if now != opening[0]:
+            raise DataError(url, "the file changed while it was being read; stage it again")
+        if memo is not None and now is not None and memo.get("identity") == now:
+            return str(memo["sha256"])
+        sha = _sha256(url, storage_options)
+        if memo is not None:
+            memo.update(identity=now, sha256=sha)
+        return sha
+
+    with _table(url, storage_options, columns, opening) as (pf, picked):
+        yield _batches(pf, picked, url, batch_rows), digest
 
 
 def _batches(pf: pq.ParquetFile, picked: list[str], url: str, batch_rows: int) -> Iterator[Triples]:

@@ -276,7 +276,8 @@ def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
     if not _parquet(src, cfg):
         return None
     rows = max(1 << 12, cfg.read_block_bytes // 64)
-    return lambda _comments: parquet_batches(src.url, src.storage_options, cfg.columns, rows)
+    memo: dict[str, Any] = {}  # the file's SHA-256, hashed once for its two reads
+    return lambda _c: parquet_batches(src.url, src.storage_options, cfg.columns, rows, memo)
 
 
 def _ordered(train: pa.Array, extra: list[pa.Array]) -> pa.Array:

@@ -228,7 +228,7 @@ def evaluate_run(
     if isinstance(candidates, int) and (
         problem := QueryCandidates.too_many(candidates, run.vocab.num_entities)
     ):
-        raise RunError(f"candidates: {problem} (candidates 'all')")
+        raise RunError(f"candidates: {problem} (--candidates all)")
     if candidates is not None:
         changes["candidates"] = None if candidates == "all" else candidates
         changes["sampled"] = None  # validation only; the two exclude each other

@@ -15,7 +15,8 @@ _DEFAULT_COLUMNS = ("head", "relation", "tail")
 
 @FORMATS.register("parquet")
 class Parquet(TripleFormat):
-    """Apache Parquet with string (or other, stringified) columns ``head, relation, tail``."""
+    """Apache Parquet with columns ``head, relation, tail`` of strings or integers (dates and
+    bytes are made text by Python's rules; floats, decimals and nested values are refused)."""
 
     extensions = (".parquet", ".pq")
 
@@ -104,7 +105,7 @@ def pick_columns(
                 "(give its columns distinct names)",
             )
         kind = schema.field(name).type
-        if pa.types.is_floating(kind):
+        if pa.types.is_floating(kind) or pa.types.is_decimal(kind):
             raise DataError(
                 source,
                 f"{role} column {name!r} holds {kind} values: labels are text or integers (a "
