@@ -60,7 +60,12 @@ def _both(
         path = tmp_path / name
         path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
         urls[split] = str(path)
-    config = DataConfig(**urls, **cfg)
+    return compare(DataConfig(**urls, **cfg), monkeypatch)
+
+
+def compare(config: DataConfig, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[str]]:
+    """``config`` read by the columnar reader where it applies and by the line parser: the same
+    data set or the same error; the first, and the readers the first used."""
     fast, seen = _load(config, True, monkeypatch)
     slow, _ = _load(config, False, monkeypatch)
     if isinstance(slow, str):

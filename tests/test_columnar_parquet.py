@@ -14,7 +14,7 @@ import pytest
 import kgpipe.data.reading as reading
 from kgpipe.config import DataConfig
 from kgpipe.errors import DataError
-from tests.test_columnar import _load, _same
+from tests.test_columnar import _load, compare
 
 HEADS = ["a", "b", "c", "a", "é", "😀", "New York"]
 RELATIONS = ["r1", "r2", "r1", "r2", "r", "r", "located in"]
@@ -102,15 +102,7 @@ def _both(
     row_group_size: int = 1 << 20,
     **cfg: Any,
 ) -> tuple[Any, list[str]]:
-    config = DataConfig(**_write(tmp_path, files, row_group_size), **cfg)
-    fast, seen = _load(config, True, monkeypatch)
-    slow, _ = _load(config, False, monkeypatch)
-    if isinstance(slow, str):
-        assert fast == slow
-    else:
-        assert not isinstance(fast, str), fast
-        _same(fast, slow)
-    return fast, seen
+    return compare(DataConfig(**_write(tmp_path, files, row_group_size), **cfg), monkeypatch)
 
 
 @pytest.mark.parametrize("row_group_size", [2, 1 << 20])
