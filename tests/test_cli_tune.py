@@ -239,12 +239,24 @@ def test_an_unknown_key_in_the_space_is_one_error_line(
 def test_a_search_whose_trials_all_fail_stops_with_one_error_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """Data that does not read stops a new search at once, in one line, before its study
+    exists (each trial read it, and failed, before); trials that all fail (each here draws
+    more candidates than UMLS has entities) stop it after 5 in a row, in one line."""
     argv = _search(tmp_path, "s", "--trials", "40", "--set", f"data.root={tmp_path / 'no-data'}")
     code, _, err = run_cli(argv, capsys)
     assert code == 2
     line = _one_error_line(err)
-    assert "because 5 trials in a row failed" in line and "file not found" in line, line
-    assert f"kgpipe tune --resume {tmp_path / 'studies' / 's'}" in line, line
+    assert "file not found" in line and "trials in a row" not in line, line
+    assert not (tmp_path / "studies" / "s").exists()
+    failing = tmp_path / "failing.yaml"
+    failing.write_text(SPACE + "evaluation.candidates: {choices: [100000]}\n")
+    argv = _search(tmp_path, "t", "--trials", "40")
+    argv[argv.index("-s") + 1] = str(failing)
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2
+    line = _one_error_line(err)
+    assert "because 5 trials in a row failed" in line and "100000 candidates" in line, line
+    assert f"kgpipe tune --resume {tmp_path / 'studies' / 't'}" in line, line
 
 
 def test_a_bad_timeout_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -10,11 +10,11 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_columnar import _load, compare
 
 import kgpipe.data.reading as reading
 from kgpipe.config import DataConfig
 from kgpipe.errors import DataError
-from tests.test_columnar import _load, compare
 
 HEADS = ["a", "b", "c", "a", "é", "😀", "New York"]
 RELATIONS = ["r1", "r2", "r1", "r2", "r", "r", "located in"]

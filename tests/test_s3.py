@@ -283,7 +283,7 @@ def test_s3_outage_during_staging(
             outage()
         return real_produced(self, rel, *args, **kwargs)
 
-    import kgpipe.data.columnar as columnar
+    import kgpipe.data.columnar_tsv as columnar  # where the columnar reader opens its streams
 
     real_open = columnar.opened
 

@@ -500,15 +500,19 @@ def test_a_search_that_stops_on_failures_ends_its_parent_run_failed(
     from kgpipe.tune import SearchSpace, TuneSettings, prepare_study, run_and_summarize
 
     tree = _config(tmp_path, "base", mlflow_uri).model_dump(mode="json")
-    tree["data"] = {"train": str(tmp_path / "missing.tsv")}  # no trial can read it
+    missing = tmp_path / "missing.tsv"
+    missing.write_text("a\tr\tb\nb\tr\tc\n")  # there as the study starts (it reads it once)
+    tree["data"] = {"train": str(missing)}
     tree["tracking"]["experiment"] = "stopped-search"
     base = parse_config(tree)
     space = SearchSpace.from_yaml("training.lr: {loguniform: [1.0e-3, 0.1]}")
     settings = TuneSettings(
         root=str(tmp_path / "studies"), name="s", trials=10, workers=1, max_failures=2
     )
+    study = prepare_study(base, space, settings)
+    missing.unlink()  # then gone: no trial can read it
     with pytest.raises(SearchStopped):
-        run_and_summarize(prepare_study(base, space, settings))
+        run_and_summarize(study)
     client = _client(mlflow_uri)
     runs = client.search_runs([client.get_experiment_by_name("stopped-search").experiment_id])
     parent = next(r for r in runs if r.data.tags.get("kgpipe.kind") == "study")
