@@ -450,6 +450,39 @@ def test_a_heartbeat_that_meets_a_closing_cluster_is_not_logged() -> None:
         dask_client._closing.clear()
 
 
+def test_a_closing_workers_last_heartbeat_is_quiet_without_the_drivers_word() -> None:
+    """Dask's Worker.close tears its plugins down before it stops heartbeating: the teardown
+    took the quiet filter away, and a heartbeat already under way printed the traceback after
+    a SIGTERM (CI, one run in many). A worker of a cluster kgpipe started now keeps it quiet
+    once torn down, even when the driver's word that it closes did not arrive."""
+    from types import SimpleNamespace
+
+    from kgpipe.distributed import client as dask_client
+
+    log = logging.getLogger("distributed.worker")
+    record = logging.LogRecord(
+        "distributed.worker", logging.ERROR, __file__, 1,
+        "Failed to communicate with scheduler during heartbeat.", None, None,
+    )  # fmt: skip
+    worker = SimpleNamespace(state=SimpleNamespace(nthreads=1))
+    filters = list(log.filters)
+    threads, sigint = torch.get_num_threads(), signal.getsignal(signal.SIGINT)
+    plugin = dask_client.TorchWorkerSetup(1, owned=True)
+    dask_client._closing.clear()
+    try:
+        plugin.setup(worker)
+        assert log.filter(record)  # while it trains, a failed heartbeat is logged
+        plugin.teardown(worker)
+        assert not log.filter(record)
+        assert torch.get_num_threads() == threads  # the rest is put back as before
+    finally:
+        dask_client._closing.clear()
+        for f in [f for f in log.filters if f not in filters]:
+            log.removeFilter(f)
+        dask_client._filters.clear()
+        signal.signal(signal.SIGINT, sigint)
+
+
 def test_a_segment_after_another_on_fewer_workers_is_quiet(tmp_path: Path) -> None:
     """The flow trains each segment with its own launcher: one going on after a segment that
     said the gang runs on fewer workers than configured does not say it again (it compared

@@ -120,6 +120,12 @@ class TorchWorkerSetup(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         global _original
+        if self.owned:
+            # a worker of a cluster kgpipe started tears its plugins down as it closes with
+            # the cluster, before it stops heartbeating (Dask's Worker.close): a heartbeat
+            # already on its way meets the closed scheduler, quietly even when the driver's
+            # word that it closes never arrived
+            _cluster_closing()
         with _lock:
             if _active.pop(self.name, None) is None:
                 return
@@ -133,6 +139,8 @@ class TorchWorkerSetup(WorkerPlugin):
                 torch.set_num_threads(threads)
                 torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
                 _original = None
+            if _closing.is_set():  # the worker closes: its last heartbeat stays quiet
+                return
             for f in _filters:
                 logging.getLogger("distributed.worker").removeFilter(f)
             _filters.clear()
