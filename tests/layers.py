@@ -74,6 +74,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "kgpipe.data.candidates",
             "kgpipe.data.vocab",
             "kgpipe.data.benchmarks",
+            "kgpipe.data.sources",
             "kgpipe.data.reading",
             "kgpipe.data.dataset",
             "kgpipe.data.shards",

@@ -190,7 +190,8 @@ class DataConfig(Frozen):
     block_size: str = Field(
         default="8MiB",
         description=(
-            "Text read and parsed at a time by the columnar reader of tab-separated files (Dask's "
+            "Text read and parsed at a time by the columnar reader of tab-separated and CSV "
+            "files (Dask's "
             "notation: `8MiB`, `64MB`); pyarrow reads several blocks ahead. Staging holds the "
             "blocks in flight, the distinct labels and the ids of the triples, never a Python "
             "string per field. Parquet files are read in batches of 1/64 of it in rows."
@@ -207,8 +208,9 @@ class DataConfig(Frozen):
             "and deduplicated from there, a group of heads at a time (a split under it stays in "
             "memory). Beyond it staging holds the labels, the distinct triples (24 bytes each), "
             "one byte a line and label-sized temporaries. The columnar reader (tab-separated "
-            "files without `columns` or `header: true`, and uncompressed Parquet files with "
-            "string or integer columns) only; other files are read whole, with a warning. Default: none (all in memory)."
+            "files and CSV files without a quote character, without `columns`; uncompressed "
+            "Parquet files with string or integer columns) only; other files are read whole, "
+            "with a warning. Default: none (all in memory)."
         ),
     )
     spill_dir: str | None = Field(

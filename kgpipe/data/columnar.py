@@ -201,7 +201,7 @@ def scan_file(
                 rels.add(r)
             sha = digest()
         entities, relations = ents.result(), rels.result()
-        is_header = skip
+        is_header = skip and first is not None  # an empty file has no header row
         if not skip and header == "auto" and first is not None:
             is_header = _first_is_header(first, counts, rows, len(relations), train)
             if is_header:  # its labels occur nowhere else in the file

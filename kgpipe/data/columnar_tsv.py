@@ -1,10 +1,17 @@
-"""Tab-separated files as blocks of ``(heads, relations, tails)`` string arrays for the columnar
-reader (:mod:`kgpipe.data.columnar`), through pyarrow's CSV reader, with the SHA-256 of the
-file's bytes; a line the line parser would take differently raises :class:`Fallback`."""
+"""Tab-separated files, and CSV files without quoting, as blocks of ``(heads, relations, tails)``
+string arrays for the columnar reader (:mod:`kgpipe.data.columnar`), through pyarrow's CSV
+reader, with the SHA-256 of the file's bytes; a line the line parser would take differently
+raises :class:`Fallback`.
+
+A CSV file is read here while it has no quote character (``"``), no NUL byte and no field
+longer than Python's ``csv`` module takes (:data:`CSV_FIELD_LIMIT`): without them its fields
+are the text between delimiters, as in a tab-separated file. One that has any goes to the line
+parser (RFC 4180 quoting, where a quoted field may hold delimiters and line ends)."""
 
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import sys
 from collections.abc import Callable, Iterator
@@ -16,7 +23,10 @@ import pyarrow.csv as pcsv
 
 from kgpipe.data.io import Fallback, opened
 
-__all__ = ["Triples", "tsv_batches"]
+__all__ = ["CSV_FIELD_LIMIT", "Triples", "tsv_batches"]
+
+#: the longest field the line parser's ``csv`` module reads (``csv.field_size_limit()``)
+CSV_FIELD_LIMIT = csv.field_size_limit()
 
 _NAMES = ["h", "r", "t"]
 #: one block's heads, relations and tails (``large_string`` arrays of one length)
@@ -30,27 +40,34 @@ def tsv_batches(
     delimiter: str,
     block_size: int,
     comments: list[int] | None = None,
+    *,
+    csv: bool = False,
 ) -> Iterator[tuple[Iterator[Triples], Callable[[], str]]]:
     """The file's triples a block at a time, and the SHA-256 of the bytes read so far (all of
     them once the blocks are done). Comment lines holding three fields are counted in
-    ``comments[0]``."""
+    ``comments[0]``. ``csv``: a CSV file, read while it has nothing the line parser's ``csv``
+    module would read otherwise (see the module)."""
     with opened(url, storage_options) as raw:
-        f = _Hashing(raw, url)
+        f = _Hashing(raw, url, csv=csv)
         yield _batches(f, url, delimiter, block_size, comments), f.sha.hexdigest
 
 
 class _Hashing:
     """A binary reader that hashes what it hands on, and raises :class:`Fallback` at a carriage
-    return not followed by a line feed (pyarrow ends a row there; the line parser does not)."""
+    return not followed by a line feed (pyarrow ends a row there; the line parser does not),
+    and in a CSV file (``csv``) at a quote character or a NUL byte."""
 
-    def __init__(self, f: IO[bytes], url: str) -> None:
+    def __init__(self, f: IO[bytes], url: str, *, csv: bool = False) -> None:
         self._f, self.sha, self.url = f, hashlib.sha256(), url
+        self.csv = csv
         self.closed = False
         self._cr = False  # the last chunk ended with a CR
 
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         self.sha.update(data)
+        if self.csv and (b'"' in data or b"\0" in data):
+            raise Fallback(self.url)
         if data and (self._cr or b"\r" in data):
             if self._cr and data[:1] != b"\n":
                 raise Fallback(self.url)
@@ -98,9 +115,9 @@ def _read_batches(
     f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None
 ) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
 
-    def invalid(row: Any) -> str:
+    def invalid(row: Any) -> str:  # a comment, or only delimiters and spaces: skipped
         text = row.text or ""
-        return "skip" if text[:1] == "#" or text.isspace() else "error"
+        return "skip" if text[:1] == "#" or not text.replace(delimiter, "").strip() else "error"
 
     try:
         reader = pcsv.open_csv(
@@ -139,5 +156,9 @@ def _read_batches(
             keep = pc.invert(drop)
             h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))
         if any(pc.any(b).as_py() for b in blank):  # an empty or blank field: the line parser's
+            raise Fallback(url)
+        if f.csv and any(
+            (pc.max(pc.utf8_length(c)).as_py() or 0) > CSV_FIELD_LIMIT for c in (h, r, t)
+        ):  # the csv module refuses it: the line parser names the line
             raise Fallback(url)
         yield h, r, t

@@ -9,10 +9,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, skipped_line
-from kgpipe.data.io import opened
+from kgpipe.data.io import Fallback, opened
 from kgpipe.errors import DataError
 
 __all__ = ["locate_problem", "row_line"]
+
+#: what Python's ``csv`` module reads otherwise than text between delimiters
+_NOT_PLAIN_CSV = ('"', "\0", "\r")
 
 
 def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes]]:
@@ -23,12 +26,24 @@ def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[i
             yield number, (line[:-1] if line.endswith(b"\r") else line)
 
 
-def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: str) -> int:
-    """Raise the line parser's error for a file without a header row, read a line at a time:
-    invalid UTF-8 first, then a wrong field count, then a wrong label (empty, blank, holding a
-    carriage return: the order the line parser finds them in). When the file has none of them,
-    returns the bytes of its longest line."""
-    described = describe_delimiter(delimiter, "tsv")
+def locate_problem(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    delimiter: str,
+    *,
+    fmt: str = "tsv",
+    header: bool = False,
+) -> int:
+    """Raise the line parser's error for a file of format ``fmt`` (``tsv``, or ``csv`` without
+    quoting), read a line at a time: invalid UTF-8 first, then a wrong field count, then a wrong
+    label (empty, blank, holding a carriage return: the order the line parser finds them in).
+    With ``header`` its first line that is not skipped is the header row, of three fields.
+    When the file has none of them, returns the bytes of its longest line.
+
+    Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module
+    reads otherwise (a quote, a NUL, a carriage return): only the line parser says what it
+    makes of it."""
+    described = describe_delimiter(delimiter, fmt)
     fields: DataError | None = None
     label: DataError | None = None
     longest = 0
@@ -46,9 +61,22 @@ def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: 
             ) from None
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
+        if fmt == "csv" and any(c in line for c in _NOT_PLAIN_CSV):
+            raise Fallback(url)
         if fields is not None or skipped_line(line, delimiter):
             continue
         parts = line.split(delimiter)
+        if header:
+            header = False
+            if len(parts) != 3:
+                fields = DataError(
+                    url,
+                    f"expected 3 {described} fields in the header, found {len(parts)} "
+                    "(set data.columns to pick three)",
+                    line=number,
+                    excerpt=line,
+                )
+            continue
         if len(parts) != 3:
             fields = DataError(
                 url, f"expected 3 {described} fields, found {len(parts)}", line=number, excerpt=line
@@ -56,7 +84,7 @@ def locate_problem(url: str, storage_options: dict[str, Any] | None, delimiter: 
             continue
         if label is None:
             for role, value in zip(ROLES, parts, strict=True):
-                problem = field_problem(value, role, plain_lines=True)
+                problem = field_problem(value, role, plain_lines=fmt != "csv")
                 if problem is not None:
                     label = DataError(url, problem, line=number, excerpt=line)
                     break

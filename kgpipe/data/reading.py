@@ -1,14 +1,11 @@
-"""Reading a graph's split files into label ids: the columnar reader for tab-separated and
-Parquet files (:mod:`kgpipe.data.columnar`), the line parser for every other format and
-option."""
+"""Reading a graph's split files into label ids: the columnar reader for tab-separated files, CSV
+files without quoting and Parquet files (:mod:`kgpipe.data.columnar`), the line parser for every
+other format and option (``data.columns`` of a text file, a CSV file with a quote character)."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,13 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kgpipe.config import DataConfig
-from kgpipe.data.benchmarks import (
-    BENCHMARKS,
-    BUNDLED,
-    SPLITS,
-    canonical_benchmark_name,
-    resolve_benchmark,
-)
+from kgpipe.data.benchmarks import BENCHMARKS
 from kgpipe.data.columnar import (
     BatchReader,
     FileScan,
@@ -31,6 +22,7 @@ from kgpipe.data.columnar import (
     sorted_labels,
 )
 from kgpipe.data.columnar_parquet import parquet_batches, parquet_row
+from kgpipe.data.columnar_tsv import tsv_batches
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
@@ -40,78 +32,17 @@ from kgpipe.data.io import (
     read_bytes,
     reading_errors,
     split_compression,
-    where_relative,
 )
 from kgpipe.data.labels import Labels
 from kgpipe.data.line_scan import locate_problem, row_line
+from kgpipe.data.sources import Parsed, Source, sources
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
 
-__all__ = ["Parsed", "Source", "read_splits", "sources"]
+__all__ = ["Parsed", "Source", "read_splits", "sources"]  # the first, second and last: re-exported
 
 _log = logging.getLogger("kgpipe.data")
-
-
-@dataclass(frozen=True)
-class Source:
-    split: str
-    url: str
-    storage_options: dict[str, Any] | None
-    benchmark: str | None  # set when the file is a published benchmark split (checksum-verified)
-
-
-def sources(cfg: DataConfig) -> list[Source]:
-    """The split files ``cfg`` names, train first."""
-    urls: dict[str, str] = {}
-    name: str | None = None
-    so: dict[str, Any] | None = cfg.storage_options or None
-    out: list[Source] = []
-    if cfg.dataset is not None:
-        name = canonical_benchmark_name(cfg.dataset)
-        urls = resolve_benchmark(name, cfg.root)
-        train_url = urls["train"]
-        local = "://" not in train_url or train_url.startswith("file://")
-        if (
-            cfg.root is not None
-            and cfg.train is None
-            and local
-            and not os.path.exists(train_url.removeprefix("file://"))
-        ):
-            raise DataError(
-                train_url,
-                f"file not found{where_relative(train_url)}: data.dataset {name} is read from "
-                f"data.root ({cfg.root}) as {name}/train.txt, valid.txt and test.txt; kgpipe "
-                f"bundles only {', '.join(sorted(BUNDLED))}: get the published split's three "
-                "files (their checksums are checked) and set data.root to the folder above "
-                f"{name}/",
-            )
-    for split in SPLITS:
-        override: str | None = getattr(cfg, split)
-        if override is not None:
-            out.append(Source(split, override, so, None))
-        elif name is not None:
-            # The bundled copies are local package files: no storage options apply to them.
-            out.append(Source(split, urls[split], so if cfg.root is not None else None, name))
-    return out
-
-
-@dataclass(frozen=True)
-class Parsed:
-    """Every split as ids in file order (duplicates included), with what the report needs."""
-
-    #: [n, 3] int64, or int32 from the columnar reader; in a file within ``data.memory_budget``
-    rows: dict[str, np.ndarray | SpilledIds]
-    lines: dict[str, int]  # triples read (+ literal statements dropped)
-    literals_dropped: dict[str, int]
-    digests: dict[str, str]
-    headers: dict[str, tuple[bool, str]]
-    vocab: Vocabulary  # train labels first
-    train_entities: int
-    train_relations: int
-    #: ``(line, excerpt)`` of the ``i``-th triple read from a split, for error messages
-    where: Callable[[str, int], tuple[int | None, str | None]]
-    reader: str  # "columnar" or "lines"
 
 
 def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
@@ -123,15 +54,22 @@ def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
             pass
     if cfg.memory_budget is not None:
         _log.warning(
-            "data.memory_budget applies to the columnar reader of tab-separated and Parquet "
-            "files; %s is read by the line parser, which holds whole files in memory",
+            "data.memory_budget applies to the columnar reader (tab-separated files, CSV files "
+            "without quoting, Parquet files); %s is read by the line parser, which holds whole "
+            "files in memory",
             ", ".join(src.url for src in srcs),
         )
     return _read_lines(srcs, cfg, retry)
 
 
-def _delimiter(cfg: DataConfig) -> str:
-    return cfg.delimiter or "\t"
+def _delimiter(cfg: DataConfig, src: Source) -> str:
+    if src.benchmark is not None:
+        return "\t"
+    return cfg.delimiter or ("," if _format(src, cfg) == "csv" else "\t")
+
+
+def _format(src: Source, cfg: DataConfig) -> str:
+    return "tsv" if src.benchmark is not None else detect_format(src.url, cfg.format)
 
 
 def _parquet(src: Source, cfg: DataConfig) -> bool:
@@ -143,10 +81,11 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
         return True
     if _parquet(src, cfg):  # a compressed one cannot be read a row group at a time
         return split_compression(src.url)[1] is None
-    delimiter = _delimiter(cfg)
+    delimiter = _delimiter(cfg, src)
+    fmt = _format(src, cfg)
     if len(delimiter.encode()) != 1 or delimiter in "\r\n" or cfg.columns is not None:
         return False
-    return detect_format(src.url, cfg.format) == "tsv" and cfg.header is not True
+    return fmt == "tsv" or (fmt == "csv" and delimiter != '"')
 
 
 def _check_benchmark(src: Source, digest: str) -> None:
@@ -167,11 +106,14 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     by_split = {src.split: src for src in srcs}
     readers = {src.split: _parquet_reader(src, cfg) for src in srcs}
     for src in srcs:
-        delimiter = "\t" if src.benchmark else _delimiter(cfg)
+        delimiter = _delimiter(cfg, src)
         parquet = readers[src.split] is not None
         header: bool | str = False if src.benchmark or parquet else cfg.header
+        fmt = _format(src, cfg)
         size = block
         while True:
+            if fmt == "csv":
+                readers[src.split] = _csv_reader(src, delimiter, size)
             try:
                 scan = scan_file(
                     src.url,
@@ -188,7 +130,9 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                 if src.benchmark is not None or parquet:
                     raise
                 with reading_errors(src.url):  # the line parser's own error, in constant memory
-                    longest = locate_problem(src.url, src.storage_options, delimiter)
+                    longest = locate_problem(
+                        src.url, src.storage_options, delimiter, fmt=fmt, header=header is True
+                    )
                 if longest < size:
                     raise
                 # a line longer than a block, which pyarrow cannot split: read again, in
@@ -223,7 +167,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
             rows[split] = columnar_ids(
                 scan,
                 by_split[split].storage_options,
-                delimiter="\t" if by_split[split].benchmark else _delimiter(cfg),
+                delimiter=_delimiter(cfg, by_split[split]),
                 block_size=blocks[split],
                 entities=entities,
                 relations=relations,
@@ -241,9 +185,9 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
 
     def where(split: str, index: int) -> tuple[int | None, str | None]:
         src = by_split[split]
-        delimiter = "\t" if src.benchmark else _delimiter(cfg)
+        delimiter = _delimiter(cfg, src)
         with reading_errors(src.url):
-            if readers[split] is not None:
+            if _parquet(src, cfg):
                 return parquet_row(src.url, src.storage_options, cfg.columns, index)
             return row_line(src.url, src.storage_options, delimiter, index, scans[split].header)
 
@@ -252,7 +196,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         lines={k: s.rows for k, s in scans.items()},
         literals_dropped={k: 0 for k in scans},
         digests={k: s.sha256 for k, s in scans.items()},
-        headers={k: (s.header, _how(cfg, by_split[k], readers[k])) for k, s in scans.items()},
+        headers={k: (s.header, _how(cfg, by_split[k])) for k, s in scans.items()},
         vocab=vocab,
         train_entities=len(train.entities),
         train_relations=len(train.relations),
@@ -261,11 +205,11 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     )
 
 
-def _how(cfg: DataConfig, src: Source, reader: BatchReader | None) -> str:
+def _how(cfg: DataConfig, src: Source) -> str:
     """How a file's header row was decided, as :func:`header_mode` says for the line parser."""
     if src.benchmark:
         return "benchmark"
-    if reader is not None:
+    if _parquet(src, cfg):
         return "n/a"
     return "auto" if cfg.header == "auto" else "config"
 
@@ -278,6 +222,13 @@ def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
     rows = max(1 << 12, cfg.read_block_bytes // 64)
     memo: dict[str, Any] = {}  # the file's SHA-256, hashed once for its two reads
     return lambda _c: parquet_batches(src.url, src.storage_options, cfg.columns, rows, memo)
+
+
+def _csv_reader(src: Source, delimiter: str, block_size: int) -> BatchReader:
+    """A CSV file's blocks, while it has no quoting (:mod:`~kgpipe.data.columnar_tsv`)."""
+    return lambda comments: tsv_batches(
+        src.url, src.storage_options, delimiter, block_size, comments, csv=True
+    )
 
 
 def _ordered(train: pa.Array, extra: list[pa.Array]) -> pa.Array:
