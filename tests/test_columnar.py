@@ -213,12 +213,70 @@ def test_csv_files_and_header_rows_equal_the_line_parser(
         assert seen == ([] if case in falls_back else ["columnar"])
 
 
-def test_data_columns_of_a_text_file_use_the_line_parser(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+WIDE = "id\th\tw\tr\tt\n1\ta\t.5\tr1\tb\n2\tb\t\tr2\tc\n3\tc\t1\tr1\ta\n4\ta\t2\tr2\tc\n"
+NAMES = ("h", "r", "t")
+
+#: data.columns: (files, columns, header); every one also as CSV
+COLUMN_CASES: dict[str, tuple[dict[str, str | bytes], Any, Any]] = {
+    "by name": ({"train": WIDE}, NAMES, "auto"),
+    "by name, header true": ({"train": "# a note\n\n" + WIDE}, NAMES, True),
+    "reordered": ({"train": WIDE}, ("t", "r", "h"), True),
+    "one column twice": ({"train": WIDE}, ("h", "r", "h"), True),
+    "by index, no header row": ({"train": WIDE.split("\n", 1)[1]}, (1, 3, 4), False),
+    "by index, a header row found": ({"train": WIDE}, (1, 3, 4), "auto"),
+    "by index as text": ({"train": WIDE.split("\n", 1)[1]}, ("1", "3", "4"), False),
+    "valid and test": (
+        {"train": WIDE, "valid": "id\th\tw\tr\tt\n9\ta\t\tr1\tc\n", "test": WIDE},
+        NAMES,
+        True,
+    ),
+    "a row with more fields": ({"train": WIDE + "5\tb\t3\tr1\ta\textra\n"}, NAMES, True),
+    "a row with too few fields": ({"train": WIDE + "5\tb\t3\tr1\n"}, NAMES, True),
+    "a blank picked field": ({"train": WIDE + "5\t \t3\tr1\ta\n"}, NAMES, True),
+    "a row of blank fields": ({"train": WIDE + "\t\t \t\t\n"}, NAMES, True),
+    "comments of three fields": ({"train": WIDE + "#x\ty\tz\n#a\tb\tc\td\te\n"}, NAMES, True),
+    "a name not in the header": ({"train": WIDE}, ("h", "rel", "t"), True),
+    "a name twice in the header": ({"train": WIDE.replace("\tw\t", "\th\t", 1)}, NAMES, True),
+    "names without a header row": ({"train": WIDE}, NAMES, False),
+    "invalid utf-8 after a wrong name": (
+        {"train": WIDE.encode() + b"\xff\n"},
+        ("x", "r", "t"),
+        True,
+    ),
+    "an index past the fields": ({"train": WIDE}, (1, 3, 7), True),
+    "only a header": ({"train": "id\th\tw\tr\tt\n"}, NAMES, True),
+    "only comments": ({"train": "# nothing\n"}, NAMES, True),
+}
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv"])
+@pytest.mark.parametrize("case", sorted(COLUMN_CASES))
+def test_data_columns_equal_the_line_parser(
+    case: str, fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    text = "h\tx\tr\tt\n" + GRAPH.replace("\t", "\t-\t", 1)
-    _, seen = _both(tmp_path, monkeypatch, {"train": text}, columns=("h", "r", "t"))
-    assert seen == []
+    """``data.columns`` (three of a file's fields, by name or index) sent a text file to the
+    line parser, whole. The columnar reader now picks them from rows of the first row's
+    fields; a file whose rows vary goes to the line parser, which takes rows of more fields."""
+    files, columns, header = COLUMN_CASES[case]
+    if fmt == "csv":
+        files = {k: _as_csv(v) for k, v in files.items()}
+    out, seen = _both(tmp_path, monkeypatch, files, ext=fmt, header=header, columns=columns)
+    if not isinstance(out, str):
+        line_parser = case in ("a row with more fields", "only comments")
+        assert seen == ([] if line_parser else ["columnar"]), out
+
+
+@pytest.mark.parametrize("fmt", ["tsv", "csv"])
+def test_data_columns_name_the_line_of_an_unseen_entity(
+    fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = {"train": WIDE, "test": "id\th\tw\tr\tt\n8\ta\t\tr1\tc\n9\tq\t\tr1\ta\n"}
+    if fmt == "csv":
+        files = {k: v.replace("\t", ",") for k, v in files.items()}
+    out, seen = _both(
+        tmp_path, monkeypatch, files, ext=fmt, header=True, columns=NAMES, unseen="error"
+    )
+    assert seen == ["columnar"] and "line 3" in out and "q\\tr1\\ta" in out, out
 
 
 def test_cr_cr_lf_line_ends_are_refused_not_read_as_other_labels(

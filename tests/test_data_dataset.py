@@ -8,6 +8,7 @@ import random
 import shutil
 import uuid
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -293,13 +294,21 @@ def test_load_csv_with_header_and_compression(tmp_path: Path) -> None:
 @pytest.mark.parametrize("blank", ["\t", "\t\t", "\t\t\t", " \t ", "   "])
 @pytest.mark.parametrize("reader", ["columnar", "line parser"])
 def test_a_line_of_only_whitespace_is_blank_however_many_delimiters_it_has(
-    tmp_path: Path, blank: str, reader: str, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    blank: str,
+    reader: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Two tabs split into three (empty) fields: such a line (an empty row of a spreadsheet's
     export) was "empty head field" while one or three tabs were skipped as blank."""
+    import kgpipe.data.reading as reading
+
     train = tmp_path / "train.tsv"
     train.write_text(f"a\tr\tb\n{blank}\nb\tr\tc\n\tr\ta\n", encoding="utf-8")
-    columns = {"columns": (0, 1, 2)} if reader == "line parser" else {}
+    columns: dict[str, Any] = {}
+    if reader == "line parser":
+        monkeypatch.setattr(reading, "_columnar_ok", lambda src, cfg: False)
     with pytest.raises(DataError) as info:  # a line with an empty field is still refused
         load_dataset(DataConfig(train=str(train), **columns))
     assert str(info.value).startswith(f"{train}, line 4: empty head field"), info.value

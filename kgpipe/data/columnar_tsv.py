@@ -12,23 +12,35 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import hashlib
 import sys
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import IO, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
+from kgpipe.data.formats.text import comment_triple
 from kgpipe.data.io import Fallback, opened
 
-__all__ = ["CSV_FIELD_LIMIT", "Triples", "tsv_batches"]
+__all__ = ["CSV_FIELD_LIMIT", "Layout", "Triples", "tsv_batches"]
 
 #: the longest field the line parser's ``csv`` module reads (``csv.field_size_limit()``)
 CSV_FIELD_LIMIT = csv.field_size_limit()
 
-_NAMES = ["h", "r", "t"]
+
+@dataclass(frozen=True)
+class Layout:
+    """How many fields a text file's rows have, and which are the head, relation and tail
+    (``data.columns``, 0-based)."""
+
+    fields: int = 3
+    pick: tuple[int, int, int] = (0, 1, 2)
+
+
 #: one block's heads, relations and tails (``large_string`` arrays of one length)
 Triples = tuple[pa.Array, pa.Array, pa.Array]
 
@@ -42,14 +54,16 @@ def tsv_batches(
     comments: list[int] | None = None,
     *,
     csv: bool = False,
+    layout: Layout | None = None,
 ) -> Iterator[tuple[Iterator[Triples], Callable[[], str]]]:
     """The file's triples a block at a time, and the SHA-256 of the bytes read so far (all of
     them once the blocks are done). Comment lines holding three fields are counted in
     ``comments[0]``. ``csv``: a CSV file, read while it has nothing the line parser's ``csv``
-    module would read otherwise (see the module)."""
+    module would read otherwise (see the module). ``layout``: its rows' fields (default: three,
+    head, relation and tail); a row of another count raises :class:`Fallback`."""
     with opened(url, storage_options) as raw:
         f = _Hashing(raw, url, csv=csv)
-        yield _batches(f, url, delimiter, block_size, comments), f.sha.hexdigest
+        yield _batches(f, url, delimiter, block_size, comments, layout or Layout()), f.sha.hexdigest
 
 
 class _Hashing:
@@ -102,27 +116,44 @@ def _quiet_undecodable_rows() -> Iterator[None]:
 
 
 def _batches(
-    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None = None
+    f: _Hashing,
+    url: str,
+    delimiter: str,
+    block_size: int,
+    comments: list[int] | None,
+    layout: Layout,
 ) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
     """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped (and
     counted in ``comments[0]`` where they hold three non-blank fields, as the line parser's
     :func:`~kgpipe.data.formats.text.comment_triple`)."""
     with _quiet_undecodable_rows():
-        yield from _read_batches(f, url, delimiter, block_size, comments)
+        yield from _read_batches(f, url, delimiter, block_size, comments, layout)
 
 
 def _read_batches(
-    f: _Hashing, url: str, delimiter: str, block_size: int, comments: list[int] | None
+    f: _Hashing,
+    url: str,
+    delimiter: str,
+    block_size: int,
+    comments: list[int] | None,
+    layout: Layout,
 ) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
+    if max(layout.pick) >= layout.fields:  # the rows are too short: the line parser's error
+        raise Fallback(url)
+    names = [f"f{i}" for i in range(layout.fields)]
 
     def invalid(row: Any) -> str:  # a comment, or only delimiters and spaces: skipped
         text = row.text or ""
-        return "skip" if text[:1] == "#" or not text.replace(delimiter, "").strip() else "error"
+        if text[:1] == "#":
+            if comments is not None and comment_triple(text, delimiter):
+                comments[0] += 1  # three fields where the rows have others (data.columns)
+            return "skip"
+        return "skip" if not text.replace(delimiter, "").strip() else "error"
 
     try:
         reader = pcsv.open_csv(
             f,
-            read_options=pcsv.ReadOptions(column_names=_NAMES, block_size=block_size),
+            read_options=pcsv.ReadOptions(column_names=names, block_size=block_size),
             parse_options=pcsv.ParseOptions(
                 delimiter=delimiter,
                 quote_char=False,
@@ -132,7 +163,7 @@ def _read_batches(
                 invalid_row_handler=invalid,
             ),
             convert_options=pcsv.ConvertOptions(
-                column_types={c: pa.large_string() for c in _NAMES}, strings_can_be_null=False
+                column_types=dict.fromkeys(names, pa.large_string()), strings_can_be_null=False
             ),
         )
     except pa.ArrowInvalid:  # the first block: a wrong field count, invalid UTF-8
@@ -144,14 +175,19 @@ def _read_batches(
             return
         except pa.ArrowInvalid:  # a wrong field count, invalid UTF-8
             raise Fallback(url) from None
-        h, r, t = (batch.column(i) for i in range(3))
-        blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in (h, r, t)]
-        # a `#` line that happens to have three fields, or one of only delimiters and spaces
-        hashed = pc.starts_with(h, "#")
-        drop = pc.or_(hashed, pc.and_(pc.and_(blank[0], blank[1]), blank[2]))
-        if comments is not None and pc.any(hashed).as_py():
-            filled = pc.invert(pc.or_(pc.or_(blank[0], blank[1]), blank[2]))
+        cols = [batch.column(i) for i in range(layout.fields)]
+        del batch
+        blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in cols]
+        # a `#` line that happens to have the rows' fields, or one of only delimiters and spaces
+        hashed = pc.starts_with(cols[0], "#")
+        drop = functools.reduce(pc.and_, blank)
+        drop = pc.or_(hashed, drop)
+        if comments is not None and layout.fields == 3 and pc.any(hashed).as_py():
+            filled = pc.invert(functools.reduce(pc.or_, blank))
             comments[0] += pc.sum(pc.and_(hashed, filled)).as_py() or 0
+        h, r, t = (cols[i] for i in layout.pick)
+        blank = [blank[i] for i in layout.pick]
+        del cols
         if pc.any(drop).as_py():
             keep = pc.invert(drop)
             h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))

@@ -12,7 +12,7 @@ from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, s
 from kgpipe.data.io import Fallback, opened
 from kgpipe.errors import DataError
 
-__all__ = ["locate_problem", "row_line"]
+__all__ = ["check_utf8", "first_row", "locate_problem", "row_line"]
 
 #: what Python's ``csv`` module reads otherwise than text between delimiters
 _NOT_PLAIN_CSV = ('"', "\0", "\r")
@@ -26,30 +26,11 @@ def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[i
             yield number, (line[:-1] if line.endswith(b"\r") else line)
 
 
-def locate_problem(
-    url: str,
-    storage_options: dict[str, Any] | None,
-    delimiter: str,
-    *,
-    fmt: str = "tsv",
-    header: bool = False,
-) -> int:
-    """Raise the line parser's error for a file of format ``fmt`` (``tsv``, or ``csv`` without
-    quoting), read a line at a time: invalid UTF-8 first, then a wrong field count, then a wrong
-    label (empty, blank, holding a carriage return: the order the line parser finds them in).
-    With ``header`` its first line that is not skipped is the header row, of three fields.
-    When the file has none of them, returns the bytes of its longest line.
-
-    Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module
-    reads otherwise (a quote, a NUL, a carriage return): only the line parser says what it
-    makes of it."""
-    described = describe_delimiter(delimiter, fmt)
-    fields: DataError | None = None
-    label: DataError | None = None
-    longest = 0
+def _decoded(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes, str]]:
+    """``(number, bytes, text)`` of every line (a leading BOM dropped); the line parser's error
+    at invalid UTF-8."""
     decoder = codecs.getincrementaldecoder("utf-8")
     for number, raw in _lines(url, storage_options):
-        longest = max(longest, len(raw))
         try:
             line = decoder().decode(raw, final=True)
         except UnicodeDecodeError as err:
@@ -59,8 +40,58 @@ def locate_problem(
                 line=number,
                 excerpt=raw.decode("utf-8", errors="replace"),
             ) from None
-        if number == 1 and line.startswith("\ufeff"):
-            line = line[1:]
+        yield number, raw, line[1:] if number == 1 and line.startswith("\ufeff") else line
+
+
+def check_utf8(url: str, storage_options: dict[str, Any] | None) -> None:
+    """The line parser's error for the file's first invalid UTF-8 (it decodes a file whole
+    before anything else), read a line at a time."""
+    for _ in _decoded(url, storage_options):
+        pass
+
+
+def first_row(
+    url: str, storage_options: dict[str, Any] | None, delimiter: str, *, csv: bool = False
+) -> tuple[int, str] | None:
+    """The number and text of the file's first line that is not skipped (a comment or a blank
+    line): its header row, or its first triple; None when it has none. Raises
+    :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module reads
+    otherwise; the line parser's error at invalid UTF-8 up to it (the first in the file)."""
+    for number, _raw, line in _decoded(url, storage_options):
+        if csv and any(c in line for c in _NOT_PLAIN_CSV):
+            raise Fallback(url)
+        if not skipped_line(line, delimiter):
+            return number, line
+    return None
+
+
+def locate_problem(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    delimiter: str,
+    *,
+    fmt: str = "tsv",
+    header: bool = False,
+    pick: tuple[int, int, int] | None = None,
+) -> int:
+    """Raise the line parser's error for a file of format ``fmt`` (``tsv``, or ``csv`` without
+    quoting), read a line at a time: invalid UTF-8 first, then a wrong field count, then a wrong
+    label (empty, blank, holding a carriage return: the order the line parser finds them in).
+    With ``header`` its first line that is not skipped is the header row, of three fields
+    unless ``pick`` (``data.columns``: the head, relation and tail fields, of rows of at least
+    as many fields) says which are taken. When the file has none of them, returns the bytes of
+    its longest line.
+
+    Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module
+    reads otherwise (a quote, a NUL, a carriage return): only the line parser says what it
+    makes of it."""
+    described = describe_delimiter(delimiter, fmt)
+    fields: DataError | None = None
+    label: DataError | None = None
+    longest = 0
+    need = 3 if pick is None else max(pick) + 1
+    for number, raw, line in _decoded(url, storage_options):
+        longest = max(longest, len(raw))
         if fmt == "csv" and any(c in line for c in _NOT_PLAIN_CSV):
             raise Fallback(url)
         if fields is not None or skipped_line(line, delimiter):
@@ -68,7 +99,7 @@ def locate_problem(
         parts = line.split(delimiter)
         if header:
             header = False
-            if len(parts) != 3:
+            if len(parts) != 3 and pick is None:
                 fields = DataError(
                     url,
                     f"expected 3 {described} fields in the header, found {len(parts)} "
@@ -77,14 +108,24 @@ def locate_problem(
                     excerpt=line,
                 )
             continue
-        if len(parts) != 3:
+        if pick is None and len(parts) != 3:
             fields = DataError(
                 url, f"expected 3 {described} fields, found {len(parts)}", line=number, excerpt=line
             )
             continue
+        if pick is not None and len(parts) < need:
+            hi, ri, ti = pick
+            fields = DataError(
+                url,
+                f"expected at least {need} {described} fields (columns {hi}, {ri}, {ti}), "
+                f"found {len(parts)}",
+                line=number,
+                excerpt=line,
+            )
+            continue
         if label is None:
-            for role, value in zip(ROLES, parts, strict=True):
-                problem = field_problem(value, role, plain_lines=fmt != "csv")
+            for role, i in zip(ROLES, pick or (0, 1, 2), strict=True):
+                problem = field_problem(parts[i], role, plain_lines=fmt != "csv")
                 if problem is not None:
                     label = DataError(url, problem, line=number, excerpt=line)
                     break
@@ -96,10 +137,16 @@ def locate_problem(
 
 
 def row_line(
-    url: str, storage_options: dict[str, Any] | None, delimiter: str, row: int, header: bool
+    url: str,
+    storage_options: dict[str, Any] | None,
+    delimiter: str,
+    row: int,
+    header: bool,
+    pick: tuple[int, int, int] = (0, 1, 2),
 ) -> tuple[int | None, str | None]:
-    """The line number and the tab-joined fields of triple ``row`` (0-based, in file order) of a
-    file the fast reader took, for an error message."""
+    """The line number and the tab-joined fields (``pick``: the head, relation and tail
+    fields) of triple ``row`` (0-based, in file order) of a file the fast reader took, for an
+    error message."""
     skip = header
     for number, raw in _lines(url, storage_options):
         line = raw.decode("utf-8", errors="replace")
@@ -111,6 +158,7 @@ def row_line(
             skip = False
             continue
         if row == 0:
-            return number, "\t".join(line.split(delimiter))
+            fields = line.split(delimiter)
+            return number, "\t".join(fields[i] for i in pick)
         row -= 1
     return None, None

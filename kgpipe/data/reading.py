@@ -1,6 +1,7 @@
 """Reading a graph's split files into label ids: the columnar reader for tab-separated files, CSV
 files without quoting and Parquet files (:mod:`kgpipe.data.columnar`), the line parser for every
-other format and option (``data.columns`` of a text file, a CSV file with a quote character)."""
+other format (N-Triples, a CSV file with a quote character, compressed Parquet) and for a text
+file whose rows have varying field counts under ``data.columns``."""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ from kgpipe.data.columnar import (
     BatchReader,
     FileScan,
     columnar_ids,
+    retried_read,
     scan_file,
     sorted_labels,
 )
 from kgpipe.data.columnar_parquet import parquet_batches, parquet_row
-from kgpipe.data.columnar_tsv import tsv_batches
+from kgpipe.data.columnar_tsv import Layout, tsv_batches
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
 from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
 from kgpipe.data.formats.header import detect_header, header_mode, without_first
-from kgpipe.data.formats.text import comment_warning
+from kgpipe.data.formats.text import comment_warning, resolve_columns
 from kgpipe.data.io import (
     Fallback,
     read_bytes,
@@ -34,7 +36,7 @@ from kgpipe.data.io import (
     split_compression,
 )
 from kgpipe.data.labels import Labels
-from kgpipe.data.line_scan import locate_problem, row_line
+from kgpipe.data.line_scan import check_utf8, first_row, locate_problem, row_line
 from kgpipe.data.sources import Parsed, Source, sources
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
@@ -83,7 +85,7 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
         return split_compression(src.url)[1] is None
     delimiter = _delimiter(cfg, src)
     fmt = _format(src, cfg)
-    if len(delimiter.encode()) != 1 or delimiter in "\r\n" or cfg.columns is not None:
+    if len(delimiter.encode()) != 1 or delimiter in "\r\n":
         return False
     return fmt == "tsv" or (fmt == "csv" and delimiter != '"')
 
@@ -105,15 +107,19 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     blocks: dict[str, int] = {}  # the block each file is read in (larger for a long line)
     by_split = {src.split: src for src in srcs}
     readers = {src.split: _parquet_reader(src, cfg) for src in srcs}
+    layouts: dict[str, Layout] = {}
     for src in srcs:
         delimiter = _delimiter(cfg, src)
         parquet = readers[src.split] is not None
-        header: bool | str = False if src.benchmark or parquet else cfg.header
         fmt = _format(src, cfg)
+        header: bool | str = False
+        if not parquet:
+            header, layout = _text_layout(src, cfg, fmt, delimiter, retry)
+            layouts[src.split] = layout
         size = block
         while True:
-            if fmt == "csv":
-                readers[src.split] = _csv_reader(src, delimiter, size)
+            if not parquet:
+                readers[src.split] = _text_reader(src, delimiter, size, fmt == "csv", layout)
             try:
                 scan = scan_file(
                     src.url,
@@ -131,7 +137,12 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                     raise
                 with reading_errors(src.url):  # the line parser's own error, in constant memory
                     longest = locate_problem(
-                        src.url, src.storage_options, delimiter, fmt=fmt, header=header is True
+                        src.url,
+                        src.storage_options,
+                        delimiter,
+                        fmt=fmt,
+                        header=header is True,
+                        pick=None if cfg.columns is None else layout.pick,
                     )
                 if longest < size:
                     raise
@@ -189,7 +200,14 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         with reading_errors(src.url):
             if _parquet(src, cfg):
                 return parquet_row(src.url, src.storage_options, cfg.columns, index)
-            return row_line(src.url, src.storage_options, delimiter, index, scans[split].header)
+            return row_line(
+                src.url,
+                src.storage_options,
+                delimiter,
+                index,
+                scans[split].header,
+                layouts[split].pick,
+            )
 
     return Parsed(
         rows=rows,
@@ -209,9 +227,44 @@ def _how(cfg: DataConfig, src: Source) -> str:
     """How a file's header row was decided, as :func:`header_mode` says for the line parser."""
     if src.benchmark:
         return "benchmark"
-    if _parquet(src, cfg):
-        return "n/a"
-    return "auto" if cfg.header == "auto" else "config"
+    return header_mode(_format(src, cfg), cfg.header, cfg.columns)[1]
+
+
+def _text_layout(
+    src: Source, cfg: DataConfig, fmt: str, delimiter: str, retry: RetryPolicy | None
+) -> tuple[bool | str, Layout]:
+    """A text file's ``data.header`` as the line parser takes it (True, False or ``"auto"``:
+    :func:`header_mode`), and its rows' layout: with ``data.columns``, the fields of its first
+    row and the three the columns pick (named in the header row, or by index)."""
+    if src.benchmark is not None:
+        return False, Layout()
+    header, how = header_mode(fmt, cfg.header, cfg.columns)
+    mode: bool | str = "auto" if how == "auto" else header
+    if cfg.columns is None:
+        return mode, Layout()
+    first = retried_read(
+        src.url,
+        src.storage_options,
+        retry,
+        lambda: first_row(src.url, src.storage_options, delimiter, csv=fmt == "csv"),
+    )
+    with reading_errors(src.url):
+        if first is None:  # nothing but comments and blank lines: the line parser says so
+            raise Fallback(src.url)
+        number, line = first
+        names = line.split(delimiter) if header else None
+        try:
+            pick = resolve_columns(
+                cfg.columns,
+                names,
+                source=src.url,
+                line=number if header else None,
+                excerpt=line if header else None,
+            )
+        except DataError:
+            check_utf8(src.url, src.storage_options)  # the line parser decodes the file first
+            raise
+    return mode, Layout(len(line.split(delimiter)), pick)
 
 
 def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
@@ -224,10 +277,12 @@ def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
     return lambda _c: parquet_batches(src.url, src.storage_options, cfg.columns, rows, memo)
 
 
-def _csv_reader(src: Source, delimiter: str, block_size: int) -> BatchReader:
-    """A CSV file's blocks, while it has no quoting (:mod:`~kgpipe.data.columnar_tsv`)."""
+def _text_reader(
+    src: Source, delimiter: str, block_size: int, csv: bool, layout: Layout
+) -> BatchReader:
+    """A text file's blocks (a CSV file's while it has no quoting: :mod:`~kgpipe.data.columnar_tsv`)."""
     return lambda comments: tsv_batches(
-        src.url, src.storage_options, delimiter, block_size, comments, csv=True
+        src.url, src.storage_options, delimiter, block_size, comments, csv=csv, layout=layout
     )
 
 
