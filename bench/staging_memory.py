@@ -11,7 +11,9 @@ tree: the seconds of each phase, the lines read per second, the process's peak r
 graph's files as Parquet (written once next to them, columns ``head, relation, tail``),
 ``--zstd`` compressed with Zstandard (written once next to them, ``*.tsv.zst``), ``--csv`` as
 CSV files with a header row ``head,relation,tail`` (written once next to them, read with
-``data.header: true``).
+``data.header: true``), ``--wide-csv`` as CSV files of five columns ``id,head,weight,relation,
+tail`` read with ``data.columns: [head, relation, tail]``, ``--ntriples`` as N-Triples
+(``<http://kg.example/e/LABEL>`` IRIs; every tenth statement more with a literal object, dropped).
 
     git worktree add /tmp/kgpipe-before REV
     .venv/bin/python bench/staging_memory.py --edges 10000000 --entities 2000000 \\
@@ -51,6 +53,8 @@ from kgpipe.storage import Store
 graph, name = sys.argv[2], sys.argv[4]
 start = status("VmRSS")
 extra = {"memory_budget": budget} if budget else {}
+if name.endswith(".wide.csv"):
+    extra["columns"] = ("head", "relation", "tail")
 cfg = DataConfig(**{split: graph + "/" + name.format(split) for split in ("train", "valid", "test")},
                  header=name.endswith(".csv"), **extra)
 t0 = time.perf_counter()
@@ -93,6 +97,8 @@ def main() -> None:
     p.add_argument("--zstd", action="store_true", help="read the files compressed (.tsv.zst)")
     p.add_argument("--parquet", action="store_true", help="read the files as Parquet")
     p.add_argument("--csv", action="store_true", help="read the files as CSV with a header row")
+    p.add_argument("--wide-csv", action="store_true", help="CSV of five columns, data.columns")
+    p.add_argument("--ntriples", action="store_true", help="read the files as N-Triples")
     p.add_argument("--json")
     args = p.parse_args()
     if args.budget_only and not args.budget:
@@ -103,8 +109,10 @@ def main() -> None:
         _compress(graph)
     if args.parquet:
         _to_parquet(graph)
-    if args.csv:
-        _to_csv(graph)
+    if args.csv or args.wide_csv:
+        _to_csv(graph, wide=args.wide_csv)
+    if args.ntriples:
+        _to_ntriples(graph)
     trees = code_trees(args.before, ROOT)
     if args.budget:  # each tree again with the budget (the code before may have one too)
         budgeted = {f"{k}, memory_budget {args.budget}": f"{v}::{args.budget}"
@@ -112,6 +120,7 @@ def main() -> None:
         trees = budgeted if args.budget_only else {**trees, **budgeted}
     with tempfile.TemporaryDirectory() as tmp:
         name = ("{}.parquet" if args.parquet else "{}.csv" if args.csv
+                else "{}.wide.csv" if args.wide_csv else "{}.nt" if args.ntriples
                 else "{}.tsv.zst" if args.zstd else "{}.tsv")  # fmt: skip
         runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp, name], cwd=tmp)
     keys = ("read_seconds", "vocab_seconds", "stage_seconds", "lines_per_s", "read_peak",
@@ -128,7 +137,8 @@ def main() -> None:
         "runs": runs,
     }  # fmt: skip
     print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
-    kind = "_parquet" if args.parquet else "_csv" if args.csv else "_zstd" if args.zstd else ""
+    kind = ("_parquet" if args.parquet else "_csv" if args.csv else "_wide_csv" if args.wide_csv
+            else "_nt" if args.ntriples else "_zstd" if args.zstd else "")  # fmt: skip
     name = f"staging_memory_{args.edges}{kind}.json"
     write_result(out, Path(args.json or RESULTS / name))
 
@@ -152,16 +162,39 @@ def _to_parquet(graph: Path) -> None:
             pq.write_table(table, target)
 
 
-def _to_csv(graph: Path) -> None:
-    """Each split's ``.csv`` (a header row, then the ``.tsv``'s lines with commas) next to it."""
+def _to_csv(graph: Path, *, wide: bool = False) -> None:
+    """Each split's ``.csv`` (a header row, then the ``.tsv``'s lines with commas) next to it;
+    ``wide``: ``.wide.csv``, each row with a running id and a weight around its triple."""
     for split in ("train", "valid", "test"):
-        target = graph / f"{split}.csv"
-        if not target.exists():
-            with open(graph / f"{split}.tsv", "rb") as src, open(target, "wb") as dst:
-                dst.write(b"head,relation,tail\n")
-                while chunk := src.read(1 << 24):
-                    assert b"," not in chunk and b'"' not in chunk
-                    dst.write(chunk.replace(b"\t", b","))
+        target = graph / f"{split}.{'wide.' if wide else ''}csv"
+        if target.exists():
+            continue
+        with open(graph / f"{split}.tsv", "rb") as src, open(target, "wb") as dst:
+            dst.write(b"id,head,weight,relation,tail\n" if wide else b"head,relation,tail\n")
+            row = 0
+            for line in src:
+                assert b"," not in line and b'"' not in line
+                if wide:
+                    h, r, t = line.rstrip(b"\n").split(b"\t")
+                    line = b"%d,%s,%d.5,%s,%s\n" % (row, h, row % 10, r, t)
+                    row += 1
+                dst.write(line.replace(b"\t", b","))
+
+
+def _to_ntriples(graph: Path) -> None:
+    """Each split's ``.nt`` next to its ``.tsv``: a statement per triple, and after every tenth
+    one a statement of its head with a literal object (dropped when read)."""
+    for split in ("train", "valid", "test"):
+        target = graph / f"{split}.nt"
+        if target.exists():
+            continue
+        with open(graph / f"{split}.tsv", "rb") as src, open(target, "wb") as dst:
+            for row, line in enumerate(src):
+                h, r, t = line.rstrip(b"\n").split(b"\t")
+                e = b"<http://kg.example/e/"
+                dst.write(b"%s%s> <http://kg.example/r/%s> %s%s> .\n" % (e, h, r, e, t))
+                if row % 10 == 0:
+                    dst.write(b'%s%s> <http://kg.example/name> "%s"@en .\n' % (e, h, h))
 
 
 def _compress(graph: Path) -> None:

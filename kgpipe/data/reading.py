@@ -1,11 +1,10 @@
-"""Reading a graph's split files into label ids: the columnar reader for tab-separated files, CSV
-files without quoting and Parquet files (:mod:`kgpipe.data.columnar`), the line parser for every
-other format (N-Triples, a CSV file with a quote character, compressed Parquet) and for a text
-file whose rows have varying field counts under ``data.columns``."""
+"""Reading a graph's split files into label ids: the columnar reader (:mod:`kgpipe.data.columnar`)
+for tab-separated files, CSV files without quoting, N-Triples and Parquet files; the line parser
+(:mod:`kgpipe.data.line_reading`) for the rest (a CSV file with a quote character, compressed
+Parquet, a text file whose rows vary in field count under ``data.columns``)."""
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from typing import Any
 
@@ -14,7 +13,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kgpipe.config import DataConfig
-from kgpipe.data.benchmarks import BENCHMARKS
 from kgpipe.data.columnar import (
     BatchReader,
     FileScan,
@@ -23,21 +21,22 @@ from kgpipe.data.columnar import (
     scan_file,
     sorted_labels,
 )
+from kgpipe.data.columnar_nt import ntriples_batches, ntriples_row
 from kgpipe.data.columnar_parquet import parquet_batches, parquet_row
 from kgpipe.data.columnar_tsv import Layout, tsv_batches
 from kgpipe.data.dedup import SpilledIds, close_all, ids_dtype, in_memory_bytes
-from kgpipe.data.formats import LabeledTriples, detect_format, parse_triples
-from kgpipe.data.formats.header import detect_header, header_mode, without_first
+from kgpipe.data.formats import detect_format
+from kgpipe.data.formats.header import header_mode
 from kgpipe.data.formats.text import comment_warning, resolve_columns
 from kgpipe.data.io import (
     Fallback,
-    read_bytes,
     reading_errors,
     split_compression,
 )
 from kgpipe.data.labels import Labels
+from kgpipe.data.line_reading import read_lines
 from kgpipe.data.line_scan import check_utf8, first_row, locate_problem, row_line
-from kgpipe.data.sources import Parsed, Source, sources
+from kgpipe.data.sources import Parsed, Source, check_benchmark, sources
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 from kgpipe.storage import RetryPolicy
@@ -57,11 +56,11 @@ def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
     if cfg.memory_budget is not None:
         _log.warning(
             "data.memory_budget applies to the columnar reader (tab-separated files, CSV files "
-            "without quoting, Parquet files); %s is read by the line parser, which holds whole "
-            "files in memory",
+            "without quoting, N-Triples, Parquet files); %s is read by the line parser, which "
+            "holds whole files in memory",
             ", ".join(src.url for src in srcs),
         )
-    return _read_lines(srcs, cfg, retry)
+    return read_lines(srcs, cfg, retry)
 
 
 def _delimiter(cfg: DataConfig, src: Source) -> str:
@@ -85,20 +84,11 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
         return split_compression(src.url)[1] is None
     delimiter = _delimiter(cfg, src)
     fmt = _format(src, cfg)
+    if fmt == "ntriples":
+        return True
     if len(delimiter.encode()) != 1 or delimiter in "\r\n":
         return False
     return fmt == "tsv" or (fmt == "csv" and delimiter != '"')
-
-
-def _check_benchmark(src: Source, digest: str) -> None:
-    if src.benchmark is not None:
-        expected = BENCHMARKS[src.benchmark][src.split]
-        if digest != expected:
-            raise DataError(
-                src.url,
-                f"checksum mismatch: expected {expected}, got {digest} — the file is not the "
-                f"published {src.benchmark} {src.split} split",
-            )
 
 
 def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
@@ -106,11 +96,15 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     scans: dict[str, FileScan] = {}
     blocks: dict[str, int] = {}  # the block each file is read in (larger for a long line)
     by_split = {src.split: src for src in srcs}
-    readers = {src.split: _parquet_reader(src, cfg) for src in srcs}
+    dropped: dict[str, dict[str, int]] = {src.split: {} for src in srcs}  # N-Triples' literals
+    readers = {
+        src.split: _parquet_reader(src, cfg) or _nt_reader(src, cfg, dropped[src.split])
+        for src in srcs
+    }
     layouts: dict[str, Layout] = {}
     for src in srcs:
         delimiter = _delimiter(cfg, src)
-        parquet = readers[src.split] is not None
+        parquet = readers[src.split] is not None  # or N-Triples: not read as delimited text
         fmt = _format(src, cfg)
         header: bool | str = False
         if not parquet:
@@ -149,7 +143,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                 # a line longer than a block, which pyarrow cannot split: read again, in
                 # blocks that hold it, not the whole file by the line parser
                 size = 2 * longest
-        _check_benchmark(src, scan.sha256)
+        check_benchmark(src, scan.sha256)
         scans[src.split], blocks[src.split] = scan, size
         if scan.comment_triples:
             _log.warning(comment_warning(src.url, scan.comment_triples))
@@ -200,6 +194,9 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         with reading_errors(src.url):
             if _parquet(src, cfg):
                 return parquet_row(src.url, src.storage_options, cfg.columns, index)
+            if _format(src, cfg) == "ntriples":
+                keep = cfg.literals == "keep"
+                return ntriples_row(src.url, src.storage_options, keep, index)
             return row_line(
                 src.url,
                 src.storage_options,
@@ -211,8 +208,8 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
 
     return Parsed(
         rows=rows,
-        lines={k: s.rows for k, s in scans.items()},
-        literals_dropped={k: 0 for k in scans},
+        lines={k: s.rows + dropped[k].get("dropped", 0) for k, s in scans.items()},
+        literals_dropped={k: dropped[k].get("dropped", 0) for k in scans},
         digests={k: s.sha256 for k, s in scans.items()},
         headers={k: (s.header, _how(cfg, by_split[k])) for k, s in scans.items()},
         vocab=vocab,
@@ -267,6 +264,16 @@ def _text_layout(
     return mode, Layout(len(line.split(delimiter)), pick)
 
 
+def _nt_reader(src: Source, cfg: DataConfig, counts: dict[str, int]) -> BatchReader | None:
+    """An N-Triples file's statements, ``cfg.read_block_bytes`` / 128 at a time (a statement
+    is some tens to hundreds of bytes); None for another format."""
+    if _format(src, cfg) != "ntriples":
+        return None
+    rows = max(1 << 12, cfg.read_block_bytes // 128)
+    keep = cfg.literals == "keep"
+    return lambda _c: ntriples_batches(src.url, src.storage_options, keep, rows, counts)
+
+
 def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
     """A Parquet file's batches, ``cfg.read_block_bytes`` / 64 rows at a time (a triple's row
     takes some tens of bytes in the batch); None for a tab-separated file."""
@@ -296,97 +303,3 @@ def _ordered(train: pa.Array, extra: list[pa.Array]) -> pa.Array:
         more = more.combine_chunks()
     more = pc.filter(more, pc.invert(pc.is_in(more, value_set=first)))
     return pa.concat_arrays([first, sorted_labels(more)])
-
-
-def _parse(
-    src: Source, cfg: DataConfig, retry: RetryPolicy | None
-) -> tuple[LabeledTriples, str, bool, str]:
-    """The file's triples, its SHA-256, and ``(header, how)`` (see :func:`header_mode`)."""
-    data = read_bytes(src.url, src.storage_options, retry=retry)
-    digest = hashlib.sha256(data).hexdigest()
-    if src.benchmark is not None:
-        _check_benchmark(src, digest)
-        # Published benchmarks are plain TSV whatever the options for the user's own files say.
-        triples = parse_triples(
-            data, source=src.url, fmt="tsv", delimiter=None, header=False, columns=None
-        )
-        return triples, digest, False, "benchmark"
-    fmt = detect_format(src.url, cfg.format)
-    header, how = header_mode(fmt, cfg.header, cfg.columns)
-    triples = parse_triples(
-        data,
-        source=src.url,
-        fmt=fmt,
-        delimiter=cfg.delimiter,
-        header=header,
-        columns=cfg.columns,
-        literals=cfg.literals,
-    )
-    return triples, digest, header, how
-
-
-def _ids(labels: list[str], index: dict[str, int] | Any) -> np.ndarray:
-    return np.fromiter(map(index.__getitem__, labels), dtype=np.int64, count=len(labels))
-
-
-def _read_lines(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
-    parsed: dict[str, LabeledTriples] = {}
-    digests: dict[str, str] = {}
-    headers: dict[str, tuple[bool, str]] = {}
-    by_split = {src.split: src for src in srcs}
-    for src in srcs:  # train first: header detection in valid/test compares with train
-        lt, digests[src.split], header, how = _parse(src, cfg, retry)
-        if lt.comment_triples:
-            _log.warning(comment_warning(src.url, lt.comment_triples))
-        if how == "auto":
-            header = detect_header(lt, parsed.get("train"))
-            if header:
-                lt = without_first(lt, src.url)
-        parsed[src.split], headers[src.split] = lt, (header, how)
-
-    train = parsed["train"]
-    if not train.heads:
-        raise DataError(
-            by_split["train"].url,
-            f"no triples left: all {train.literals_dropped:,} statements have a literal object "
-            "(set data.literals: keep to keep literals as entities)",
-        )
-    # Provisional ids: train labels sorted, then the labels seen only in valid/test, sorted.
-    train_entities = set(train.heads)
-    train_entities.update(train.tails)
-    train_relations = set(train.relations)
-    extra_entities: set[str] = set()
-    extra_relations: set[str] = set()
-    for split in ("valid", "test"):
-        if split in parsed:
-            lt = parsed[split]
-            extra_entities.update(lt.heads)
-            extra_entities.update(lt.tails)
-            extra_relations.update(lt.relations)
-    full = Vocabulary.from_labels(train_entities, train_relations, extra_entities, extra_relations)
-    ent_index, rel_index = full.entity_index, full.relation_index
-    rows: dict[str, np.ndarray | SpilledIds] = {
-        split: np.stack(
-            [_ids(lt.heads, ent_index), _ids(lt.relations, rel_index), _ids(lt.tails, ent_index)],
-            axis=1,
-        )
-        for split, lt in parsed.items()
-    }
-
-    def where(split: str, index: int) -> tuple[int | None, str | None]:
-        lt = parsed[split]
-        excerpt = "\t".join((lt.heads[index], lt.relations[index], lt.tails[index]))
-        return lt.line_numbers[index], excerpt
-
-    return Parsed(
-        rows=rows,
-        lines={k: len(lt) + lt.literals_dropped for k, lt in parsed.items()},
-        literals_dropped={k: lt.literals_dropped for k, lt in parsed.items()},
-        digests=digests,
-        headers=headers,
-        vocab=full,
-        train_entities=len(train_entities),
-        train_relations=len(train_relations),
-        where=where,
-        reader="lines",
-    )

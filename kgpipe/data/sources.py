@@ -12,6 +12,7 @@ import numpy as np
 
 from kgpipe.config import DataConfig
 from kgpipe.data.benchmarks import (
+    BENCHMARKS,
     BUNDLED,
     SPLITS,
     canonical_benchmark_name,
@@ -22,7 +23,7 @@ from kgpipe.data.io import where_relative
 from kgpipe.data.vocab import Vocabulary
 from kgpipe.errors import DataError
 
-__all__ = ["Parsed", "Source", "sources"]
+__all__ = ["Parsed", "Source", "check_benchmark", "sources"]
 
 
 @dataclass(frozen=True)
@@ -84,3 +85,14 @@ class Parsed:
     #: ``(line, excerpt)`` of the ``i``-th triple read from a split, for error messages
     where: Callable[[str, int], tuple[int | None, str | None]]
     reader: str  # "columnar" or "lines"
+
+
+def check_benchmark(src: Source, digest: str) -> None:
+    if src.benchmark is not None:
+        expected = BENCHMARKS[src.benchmark][src.split]
+        if digest != expected:
+            raise DataError(
+                src.url,
+                f"checksum mismatch: expected {expected}, got {digest} — the file is not the "
+                f"published {src.benchmark} {src.split} split",
+            )

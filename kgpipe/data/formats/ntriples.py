@@ -8,7 +8,7 @@ from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, Trip
 from kgpipe.data.formats.text import decode, split_lines
 from kgpipe.errors import DataError
 
-__all__ = ["NTriples"]
+__all__ = ["DROPPED", "NTriples", "statement"]
 
 
 @FORMATS.register("ntriples")
@@ -44,37 +44,53 @@ def _parse_ntriples(text: str, source: str, keep_literals: bool) -> LabeledTripl
     tails: list[str] = []
     nums: list[int] = []
     dropped = 0
-    match = _NT_STATEMENT.fullmatch
     for i, line in enumerate(split_lines(text), 1):
-        stripped = line.strip()
-        if not stripped or stripped[0] == "#":
+        triple = statement(line, i, source, keep_literals)
+        if triple is None:
             continue
-        m = match(line)
-        if m is None:
-            raise DataError(
-                source, f"malformed N-Triples statement: {_nt_problem(line)}", line=i, excerpt=line
-            )
-        s_iri, s_bnode, pred, o_iri, o_bnode, o_literal = m.groups()
-        if "\\" in line or "<>" in line:  # escapes to decode (or refuse), an empty IRI
-            s_iri, pred, o_iri = (
-                None if x is None else _iri(x, source, i, line) for x in (s_iri, pred, o_iri)
-            )
-            if o_literal is not None:
-                o_literal = _canonical_literal(o_literal, source, i, line)
-        elif keep_literals and o_literal is not None and o_literal[-1] != '"':  # a tag or type
-            o_literal = _canonical_literal(o_literal, source, i, line)
-        if o_literal is not None:
-            if not keep_literals:
-                dropped += 1
-                continue
-            tail = o_literal
-        else:
-            tail = o_iri if o_iri is not None else o_bnode
-        heads.append(s_iri if s_iri is not None else s_bnode)
-        rels.append(pred)
-        tails.append(tail)
+        if triple is DROPPED:
+            dropped += 1
+            continue
+        h, r, t = triple
+        heads.append(h)
+        rels.append(r)
+        tails.append(t)
         nums.append(i)
     return LabeledTriples(heads, rels, tails, nums, literals_dropped=dropped)
+
+
+#: what :func:`statement` gives for a statement with a literal object that is dropped
+DROPPED = ("", "", "")
+
+
+def statement(line: str, i: int, source: str, keep_literals: bool) -> tuple[str, str, str] | None:
+    """The labels of line ``i``'s statement; None for a blank or comment line, :data:`DROPPED`
+    for one whose literal object is dropped (not ``keep_literals``). Raises
+    :class:`~kgpipe.errors.DataError` naming the line when it is not a statement."""
+    stripped = line.strip()
+    if not stripped or stripped[0] == "#":
+        return None
+    m = _NT_STATEMENT.fullmatch(line)
+    if m is None:
+        raise DataError(
+            source, f"malformed N-Triples statement: {_nt_problem(line)}", line=i, excerpt=line
+        )
+    s_iri, s_bnode, pred, o_iri, o_bnode, o_literal = m.groups()
+    if "\\" in line or "<>" in line:  # escapes to decode (or refuse), an empty IRI
+        s_iri, pred, o_iri = (
+            None if x is None else _iri(x, source, i, line) for x in (s_iri, pred, o_iri)
+        )
+        if o_literal is not None:
+            o_literal = _canonical_literal(o_literal, source, i, line)
+    elif keep_literals and o_literal is not None and o_literal[-1] != '"':  # a tag or type
+        o_literal = _canonical_literal(o_literal, source, i, line)
+    if o_literal is not None:
+        if not keep_literals:
+            return DROPPED
+        tail = o_literal
+    else:
+        tail = o_iri if o_iri is not None else o_bnode
+    return (s_iri if s_iri is not None else s_bnode), pred, tail
 
 
 # one term is one label however it is written: an escape is the character it stands for
