@@ -185,6 +185,19 @@ CSV_CASES: dict[str, dict[str, str | bytes]] = {
     "a quoted field over two lines": {"train": 'a,"r\n1",b\n' + _as_csv(GRAPH)},  # type: ignore[operator]
     "a nul byte": {"train": "a\0,r1,b\n" + _as_csv(GRAPH)},  # type: ignore[operator]
     "a field over the csv limit": {"train": "x" * 131_073 + ",r1,b\n" + _as_csv(GRAPH)},  # type: ignore[operator]
+    # the csv module's limit comes first on its line, and holds for blank lines (not comments)
+    "over the limit on a line of four fields": {
+        "train": _as_csv(GRAPH) + "x" * 131_073 + ",a,b,c\n"
+    },  # type: ignore[operator]
+    "over the limit before a wrong field count": {
+        "train": _as_csv(GRAPH) + "x" * 131_073 + ",r1,b\na,b,c,d\n"  # type: ignore[operator]
+    },
+    "over the limit before an empty label": {
+        "train": _as_csv(GRAPH) + "x" * 131_073 + ",r1,b\na,,c\n"  # type: ignore[operator]
+    },
+    "a blank line over the limit": {"train": _as_csv(GRAPH) + " " * 131_073 + "\n"},  # type: ignore[operator]
+    "blank fields over the limit": {"train": _as_csv(GRAPH) + " " * 131_073 + ", , \n"},  # type: ignore[operator]
+    "a comment over the limit": {"train": _as_csv(GRAPH) + "#" + "x" * 131_073 + "\n"},  # type: ignore[operator]
 }
 
 
@@ -210,6 +223,7 @@ def test_csv_files_and_header_rows_equal_the_line_parser(
             FALLS_BACK | set(CSV_CASES) | ({"cr cr lf throughout"} if fmt == "csv" else set())
         )
         falls_back |= {"a header with a blank name"} if header is True else set()
+        falls_back -= {"a comment over the limit"}  # not read as CSV: no limit
         assert seen == ([] if case in falls_back else ["columnar"])
 
 
@@ -334,3 +348,79 @@ def test_blocks_under_a_budget_are_a_256th_of_it() -> None:
     assert block(memory_budget="64MiB") == 1 * mib  # the floor
     assert block(memory_budget="1GiB", block_size="1MiB") == 1 * mib  # block_size caps it
     assert block(memory_budget="8GiB") == 8 * mib  # 1/256 is 32 MiB: block_size caps it
+
+
+@pytest.mark.slow
+def test_a_script_that_stages_and_exits_exits_cleanly(tmp_path: Path) -> None:
+    """pyarrow's CSV reader dropped its Python input on one of its threads, which must take the
+    GIL to do so: at interpreter exit it could not, and about one script in ten that staged a
+    graph and exited was aborted ("terminate called without an active exception", exit 134)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "train.csv").write_text("a,r,b\nb,r,c\nc,r,a\n")
+    script = (
+        "from kgpipe.config import DataConfig\n"
+        "from kgpipe.data.dataset import load_dataset\n"
+        "print(len(load_dataset(DataConfig(train='train.csv')).train))\n"
+    )
+    codes = []
+    for _ in range(12):  # two at a time: ~1 s each
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", script],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            for _ in range(2)
+        ]
+        codes += [(p.wait(), p.stderr.read().decode()[-300:]) for p in procs]  # type: ignore[union-attr]
+    assert all(code == 0 for code, _ in codes), [c for c in codes if c[0]]
+
+
+def test_a_lower_csv_field_limit_holds_as_the_line_parser_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit was read once, at import: after ``csv.field_size_limit(10)`` the columnar
+    reader took a 20-character label the line parser refused."""
+    import csv
+
+    previous = csv.field_size_limit(10)
+    try:
+        out, _ = _both(
+            tmp_path, monkeypatch, {"train": _as_csv(GRAPH) + "x" * 20 + ",r1,a\n"}, ext="csv"
+        )  # type: ignore[operator]
+    finally:
+        csv.field_size_limit(previous)
+    assert (
+        isinstance(out, str) and "line 5: malformed CSV: field larger than field limit (10)" in out
+    )
+
+
+def test_a_nul_delimiter_is_read_by_the_line_parser(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """pyarrow refuses NUL as a delimiter: "cannot read: Expecting an ASCII character"."""
+    out, seen = _both(tmp_path, monkeypatch, {"train": GRAPH.replace("\t", "\0")}, delimiter="\0")
+    assert not isinstance(out, str) and seen == [], out
+
+
+def test_the_comment_warning_is_said_once_when_a_later_split_falls_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = {"train": "#x,y,z\n" + _as_csv(GRAPH), "valid": '"a",r1,b\n'}  # type: ignore[operator]
+    with caplog.at_level("WARNING", logger="kgpipe.data"):
+        out, seen = _load(DataConfig(**_files(tmp_path, files, "csv")), True, monkeypatch)
+    assert seen == [] and not isinstance(out, str)  # valid quotes: the line parser read both
+    said = [r for r in caplog.records if "skipped as comments" in r.getMessage()]
+    assert len(said) == 1, [r.getMessage() for r in said]
+
+
+def _files(tmp_path: Path, files: dict[str, str | bytes], ext: str) -> dict[str, str]:
+    urls = {}
+    for split, text in files.items():
+        path = tmp_path / f"{split}.{ext}"
+        path.write_bytes(text.encode() if isinstance(text, str) else text)
+        urls[split] = str(path)
+    return urls

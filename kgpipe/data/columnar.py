@@ -2,10 +2,11 @@
 
 The line parser holds the file's text and a Python string per field: ~250 bytes per triple,
 25 GB for 100M edges. This reader streams blocks of triples -- of ``data.block_size`` bytes of a
-tab-separated file through pyarrow's CSV reader, on pyarrow's threads
-(:mod:`~kgpipe.data.columnar_tsv`), or batches of a Parquet file's rows
-(:mod:`~kgpipe.data.columnar_parquet`) -- and holds, beyond a block, the distinct labels and
-the ids:
+tab-separated or unquoted CSV file through pyarrow's CSV reader
+(:mod:`~kgpipe.data.columnar_tsv`), batches of a Parquet file's rows
+(:mod:`~kgpipe.data.columnar_parquet`) or of an N-Triples file's statements
+(:mod:`~kgpipe.data.columnar_nt`) -- and holds, beyond a block, the distinct labels and the
+ids:
 
 1. **Scan** each file once: its rows, distinct entity and relation labels (merged as they
    grow), the SHA-256 of its bytes and its first row (for ``data.header: auto``).
@@ -18,15 +19,15 @@ the ids:
    11.6M). A call costs O(labels), so blocks are buffered up to as many rows as there are
    labels (at least 1M), or, under a memory budget, a quarter of it in text.
 
-For tab-separated files the rules are the line parser's: ``#`` lines (counted where they hold
+For tab-separated (and unquoted CSV) files the rules are the line parser's: ``#`` lines (counted where they hold
 three fields, for a warning), empty and whitespace-only lines are skipped, a leading BOM is
 dropped, CRLF and LF end lines, fields are taken as they are. A line it would not take as the
 line parser does (a wrong field count, a wrong label, invalid UTF-8, a lone carriage return)
 stops it: :func:`kgpipe.data.line_scan.locate_problem` reads the file once more, a line at a
-time, and raises the line parser's error with its line; a line longer than a block is read
-again in larger blocks. Files that change between reads are refused. Compressed files are
-decompressed as they are read (:func:`kgpipe.data.io.opened`). Parquet's rules:
-:mod:`~kgpipe.data.columnar_parquet`.
+time, and raises the line parser's error with its line (a block holds whole lines: a line
+longer than ``data.block_size`` makes its block longer). Files that change between reads are refused. Compressed files are
+decompressed as they are read (:func:`kgpipe.data.io.opened`). Parquet's and N-Triples'
+rules: :mod:`~kgpipe.data.columnar_parquet`, :mod:`~kgpipe.data.columnar_nt`.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def scan_file(
 ) -> FileScan:
     """The first read of a file (``header``: True, False or ``"auto"``; ``train``: the train
     file's scan when this is valid/test), tab-separated (``delimiter``, ``block_size``) unless
-    ``read`` gives its blocks. Raises :class:`~kgpipe.data.io.Fallback` on a line to hand to
+    ``read`` gives its blocks (a CSV, Parquet or N-Triples file's). Raises :class:`~kgpipe.data.io.Fallback` on a line to hand to
     :func:`~kgpipe.data.line_scan.locate_problem`."""
     blocks = _reader(url, storage_options, read, delimiter, block_size)
 

@@ -4,12 +4,13 @@ reader, with the SHA-256 of the file's bytes; a line the line parser would take 
 raises :class:`Fallback`.
 
 A CSV file is read here while it has no quote character (``"``), no NUL byte and no field
-longer than Python's ``csv`` module takes (:data:`CSV_FIELD_LIMIT`): without them its fields
+longer than Python's ``csv`` module takes (``csv.field_size_limit()``): without them its fields
 are the text between delimiters, as in a tab-separated file. One that has any goes to the line
 parser (RFC 4180 quoting, where a quoted field may hold delimiters and line ends)."""
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import csv
 import functools
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
@@ -26,10 +28,7 @@ import pyarrow.csv as pcsv
 from kgpipe.data.formats.text import comment_triple
 from kgpipe.data.io import Fallback, opened
 
-__all__ = ["CSV_FIELD_LIMIT", "Layout", "Triples", "tsv_batches"]
-
-#: the longest field the line parser's ``csv`` module reads (``csv.field_size_limit()``)
-CSV_FIELD_LIMIT = csv.field_size_limit()
+__all__ = ["Layout", "Triples", "tsv_batches"]
 
 
 @dataclass(frozen=True)
@@ -142,41 +141,50 @@ def _read_batches(
         raise Fallback(url)
     names = [f"f{i}" for i in range(layout.fields)]
 
+    limit = csv.field_size_limit() if f.csv else None  # read when read, as the line parser does
+
     def invalid(row: Any) -> str:  # a comment, or only delimiters and spaces: skipped
         text = row.text or ""
         if text[:1] == "#":
             if comments is not None and comment_triple(text, delimiter):
                 comments[0] += 1  # three fields where the rows have others (data.columns)
             return "skip"
+        if limit is not None and len(text) > limit:  # perhaps a field the csv module refuses
+            return "error"
         return "skip" if not text.replace(delimiter, "").strip() else "error"
 
-    try:
-        reader = pcsv.open_csv(
-            f,
-            read_options=pcsv.ReadOptions(column_names=names, block_size=block_size),
-            parse_options=pcsv.ParseOptions(
-                delimiter=delimiter,
-                quote_char=False,
-                double_quote=False,
-                escape_char=False,
-                ignore_empty_lines=True,
-                invalid_row_handler=invalid,
-            ),
-            convert_options=pcsv.ConvertOptions(
-                column_types=dict.fromkeys(names, pa.large_string()), strings_can_be_null=False
-            ),
-        )
-    except pa.ArrowInvalid:  # the first block: a wrong field count, invalid UTF-8
-        raise Fallback(url) from None
-    while True:
+    read_options = pcsv.ReadOptions(column_names=names, use_threads=False)
+    parse_options = pcsv.ParseOptions(
+        delimiter=delimiter,
+        quote_char=False,
+        double_quote=False,
+        escape_char=False,
+        ignore_empty_lines=True,
+        invalid_row_handler=invalid,
+    )
+    convert_options = pcsv.ConvertOptions(
+        column_types=dict.fromkeys(names, pa.large_string()), strings_can_be_null=False
+    )
+    for number, chunk in enumerate(_chunks(f, block_size)):
+        if number and chunk.startswith(codecs.BOM_UTF8):  # pyarrow would drop it: not a label's
+            raise Fallback(url)
+        read_options.block_size = len(chunk) + 1  # the chunk's lines in one block
         try:
-            batch = reader.read_next_batch()
-        except StopIteration:
-            return
+            table = pcsv.read_csv(
+                pa.BufferReader(_arrow_owned(chunk)),
+                read_options=read_options,
+                parse_options=parse_options,
+                convert_options=convert_options,
+            )
         except pa.ArrowInvalid:  # a wrong field count, invalid UTF-8
             raise Fallback(url) from None
-        cols = [batch.column(i) for i in range(layout.fields)]
-        del batch
+        del chunk
+        cols = [table.column(i).combine_chunks() for i in range(layout.fields)]
+        del table
+        if limit is not None and any(
+            (pc.max(pc.utf8_length(c)).as_py() or 0) > limit for c in cols
+        ):  # the csv module refuses it (blank rows too): the line parser names the line
+            raise Fallback(url)
         blank = [pc.or_(pc.equal(pc.utf8_length(c), 0), pc.utf8_is_space(c)) for c in cols]
         # a `#` line that happens to have the rows' fields, or one of only delimiters and spaces
         hashed = pc.starts_with(cols[0], "#")
@@ -193,8 +201,31 @@ def _read_batches(
             h, r, t, *blank = (pc.filter(x, keep) for x in (h, r, t, *blank))
         if any(pc.any(b).as_py() for b in blank):  # an empty or blank field: the line parser's
             raise Fallback(url)
-        if f.csv and any(
-            (pc.max(pc.utf8_length(c)).as_py() or 0) > CSV_FIELD_LIMIT for c in (h, r, t)
-        ):  # the csv module refuses it: the line parser names the line
-            raise Fallback(url)
-        yield h, r, t
+        if len(h):
+            yield h, r, t
+
+
+def _chunks(f: _Hashing, block_size: int) -> Iterator[bytes]:
+    """The file's bytes in pieces of about ``block_size`` that end at a line feed (the last at
+    the end of the file): whole lines, a longer piece for a line longer than a block."""
+    rest = b""
+    while data := f.read(block_size):
+        data = rest + data if rest else data
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:  # no line end yet: a line longer than what was read
+            rest = data
+            continue
+        rest = data[cut:]
+        yield data[:cut]
+    if rest:
+        yield rest
+
+
+def _arrow_owned(data: bytes) -> pa.Buffer:
+    """``data`` copied into memory Arrow allocated. pyarrow's CSV reader drops its input on
+    one of its threads, which must take the GIL for a Python object (a file, ``bytes``): at
+    interpreter exit it cannot, and the process aborted ("terminate called without an active
+    exception", about one run in ten of a script that staged and exited)."""
+    buf = pa.allocate_buffer(len(data))
+    np.frombuffer(buf, dtype=np.uint8)[:] = np.frombuffer(data, dtype=np.uint8)
+    return buf

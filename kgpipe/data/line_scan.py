@@ -5,6 +5,7 @@ constant memory, for the line parser's own error with its line number
 from __future__ import annotations
 
 import codecs
+import csv
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,8 +27,8 @@ def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[i
             yield number, (line[:-1] if line.endswith(b"\r") else line)
 
 
-def _decoded(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes, str]]:
-    """``(number, bytes, text)`` of every line (a leading BOM dropped); the line parser's error
+def _decoded(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:
+    """``(number, text)`` of every line (a leading BOM dropped); the line parser's error
     at invalid UTF-8."""
     decoder = codecs.getincrementaldecoder("utf-8")
     for number, raw in _lines(url, storage_options):
@@ -40,7 +41,7 @@ def _decoded(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple
                 line=number,
                 excerpt=raw.decode("utf-8", errors="replace"),
             ) from None
-        yield number, raw, line[1:] if number == 1 and line.startswith("\ufeff") else line
+        yield number, line[1:] if number == 1 and line.startswith("\ufeff") else line
 
 
 def check_utf8(url: str, storage_options: dict[str, Any] | None) -> None:
@@ -57,7 +58,7 @@ def first_row(
     line): its header row, or its first triple; None when it has none. Raises
     :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module reads
     otherwise; the line parser's error at invalid UTF-8 up to it (the first in the file)."""
-    for number, _raw, line in _decoded(url, storage_options):
+    for number, line in _decoded(url, storage_options):
         if csv and any(c in line for c in _NOT_PLAIN_CSV):
             raise Fallback(url)
         if not skipped_line(line, delimiter):
@@ -73,14 +74,13 @@ def locate_problem(
     fmt: str = "tsv",
     header: bool = False,
     pick: tuple[int, int, int] | None = None,
-) -> int:
+) -> None:
     """Raise the line parser's error for a file of format ``fmt`` (``tsv``, or ``csv`` without
     quoting), read a line at a time: invalid UTF-8 first, then a wrong field count, then a wrong
     label (empty, blank, holding a carriage return: the order the line parser finds them in).
     With ``header`` its first line that is not skipped is the header row, of three fields
     unless ``pick`` (``data.columns``: the head, relation and tail fields, of rows of at least
-    as many fields) says which are taken. When the file has none of them, returns the bytes of
-    its longest line.
+    as many fields) says which are taken. Returns when the file has none of them.
 
     Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module
     reads otherwise (a quote, a NUL, a carriage return): only the line parser says what it
@@ -88,12 +88,24 @@ def locate_problem(
     described = describe_delimiter(delimiter, fmt)
     fields: DataError | None = None
     label: DataError | None = None
-    longest = 0
     need = 3 if pick is None else max(pick) + 1
-    for number, raw, line in _decoded(url, storage_options):
-        longest = max(longest, len(raw))
+    limit = csv.field_size_limit() if fmt == "csv" else None
+    for number, line in _decoded(url, storage_options):
         if fmt == "csv" and any(c in line for c in _NOT_PLAIN_CSV):
             raise Fallback(url)
+        if (
+            limit is not None
+            and fields is None
+            and line[:1] != "#"  # a comment is not read as CSV (blank lines are)
+            and len(line) > limit
+            and any(len(part) > limit for part in line.split(delimiter))
+        ):
+            fields = DataError(
+                url,
+                f"malformed CSV: field larger than field limit ({limit})",
+                line=number,
+                excerpt=line,
+            )
         if fields is not None or skipped_line(line, delimiter):
             continue
         parts = line.split(delimiter)
@@ -133,7 +145,6 @@ def locate_problem(
         raise fields
     if label is not None:
         raise label
-    return longest
 
 
 def row_line(

@@ -86,7 +86,7 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
     fmt = _format(src, cfg)
     if fmt == "ntriples":
         return True
-    if len(delimiter.encode()) != 1 or delimiter in "\r\n":
+    if len(delimiter.encode()) != 1 or delimiter in "\r\n\0":  # pyarrow refuses a NUL
         return False
     return fmt == "tsv" or (fmt == "csv" and delimiter != '"')
 
@@ -94,7 +94,6 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
 def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
     block = cfg.read_block_bytes
     scans: dict[str, FileScan] = {}
-    blocks: dict[str, int] = {}  # the block each file is read in (larger for a long line)
     by_split = {src.split: src for src in srcs}
     dropped: dict[str, dict[str, int]] = {src.split: {} for src in srcs}  # N-Triples' literals
     readers = {
@@ -102,6 +101,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         for src in srcs
     }
     layouts: dict[str, Layout] = {}
+    warnings: list[str] = []
     for src in srcs:
         delimiter = _delimiter(cfg, src)
         parquet = readers[src.split] is not None  # or N-Triples: not read as delimited text
@@ -110,43 +110,36 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
         if not parquet:
             header, layout = _text_layout(src, cfg, fmt, delimiter, retry)
             layouts[src.split] = layout
-        size = block
-        while True:
-            if not parquet:
-                readers[src.split] = _text_reader(src, delimiter, size, fmt == "csv", layout)
-            try:
-                scan = scan_file(
+        if not parquet:
+            readers[src.split] = _text_reader(src, delimiter, block, fmt == "csv", layout)
+        try:
+            scan = scan_file(
+                src.url,
+                src.storage_options,
+                delimiter=delimiter,
+                header=header,
+                block_size=block,
+                train=scans.get("train"),
+                retry=retry,
+                read=readers[src.split],
+            )
+        except Fallback:
+            if src.benchmark is not None or parquet:
+                raise
+            with reading_errors(src.url):  # the line parser's own error, in constant memory
+                locate_problem(
                     src.url,
                     src.storage_options,
-                    delimiter=delimiter,
-                    header=header,
-                    block_size=size,
-                    train=scans.get("train"),
-                    retry=retry,
-                    read=readers[src.split],
+                    delimiter,
+                    fmt=fmt,
+                    header=header is True,
+                    pick=None if cfg.columns is None else layout.pick,
                 )
-                break
-            except Fallback:
-                if src.benchmark is not None or parquet:
-                    raise
-                with reading_errors(src.url):  # the line parser's own error, in constant memory
-                    longest = locate_problem(
-                        src.url,
-                        src.storage_options,
-                        delimiter,
-                        fmt=fmt,
-                        header=header is True,
-                        pick=None if cfg.columns is None else layout.pick,
-                    )
-                if longest < size:
-                    raise
-                # a line longer than a block, which pyarrow cannot split: read again, in
-                # blocks that hold it, not the whole file by the line parser
-                size = 2 * longest
+            raise  # none: the line parser reads it
         check_benchmark(src, scan.sha256)
-        scans[src.split], blocks[src.split] = scan, size
-        if scan.comment_triples:
-            _log.warning(comment_warning(src.url, scan.comment_triples))
+        scans[src.split] = scan
+        if scan.comment_triples:  # said once the columnar reader has read every split
+            warnings.append(comment_warning(src.url, scan.comment_triples))
 
     train = scans["train"]
     extra_e = [s.entities for k, s in scans.items() if k != "train"]
@@ -173,7 +166,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
                 scan,
                 by_split[split].storage_options,
                 delimiter=_delimiter(cfg, by_split[split]),
-                block_size=blocks[split],
+                block_size=block,
                 entities=entities,
                 relations=relations,
                 retry=retry,
@@ -184,6 +177,8 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     except BaseException:
         close_all(spilled)  # their disk space now, not when the traceback is dropped
         raise
+    for warning in warnings:
+        _log.warning(warning)
     pa.default_memory_pool().release_unused()  # the blocks' memory, back to the system
     # the entity labels stay in their Arrow array (a tuple of Python strings is ~3x the size)
     vocab = Vocabulary(entities=Labels(entities), relations=tuple(relations.to_pylist()))
@@ -276,7 +271,7 @@ def _nt_reader(src: Source, cfg: DataConfig, counts: dict[str, int]) -> BatchRea
 
 def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
     """A Parquet file's batches, ``cfg.read_block_bytes`` / 64 rows at a time (a triple's row
-    takes some tens of bytes in the batch); None for a tab-separated file."""
+    takes some tens of bytes in the batch); None for a file of another format."""
     if not _parquet(src, cfg):
         return None
     rows = max(1 << 12, cfg.read_block_bytes // 64)
