@@ -13,9 +13,9 @@ all have literal objects that are dropped goes to the line parser
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import IO, Any
 
@@ -26,21 +26,20 @@ from kgpipe.data.formats.ntriples import DROPPED, statement
 from kgpipe.data.io import Fallback, opened
 from kgpipe.errors import DataError
 
-__all__ = ["ntriples_batches", "ntriples_row"]
+__all__ = ["Parsed", "ntriples_batches", "ntriples_row"]
 
 
 def _lines(f: IO[bytes], url: str, sha: Any = None) -> Iterator[tuple[int, str]]:
     """``(number, text)`` of every line as :func:`~kgpipe.data.formats.text.split_lines` cuts
     the decoded file (its LF and one CR before it removed, a leading BOM dropped); the line
     parser's error at invalid UTF-8. ``sha`` is updated with every byte read."""
-    decoder = codecs.getincrementaldecoder("utf-8")
     for number, raw in enumerate(f, 1):
         if sha is not None:
             sha.update(raw)
         line = raw[:-1] if raw.endswith(b"\n") else raw
         line = line[:-1] if line.endswith(b"\r") else line
         try:
-            text = decoder().decode(line, final=True)
+            text = line.decode("utf-8")
         except UnicodeDecodeError as err:
             raise DataError(
                 url,
@@ -51,6 +50,61 @@ def _lines(f: IO[bytes], url: str, sha: Any = None) -> Iterator[tuple[int, str]]
         yield number, text[1:] if number == 1 and text.startswith("\ufeff") else text
 
 
+class Parsed:
+    """A file's statements as the first read parsed them, in a temporary file (in ``folder``,
+    the system's temp folder by default; nameless: gone when closed or when the process ends),
+    so that the second read does not parse them again. Without room there, both reads parse."""
+
+    def __init__(self, folder: str | None) -> None:
+        self.folder = folder
+        self.sha: str | None = None  # set once the first read went through the whole file
+        self._file: IO[bytes] | None = None
+        self._off = False
+
+    def start(self) -> None:
+        self.close()
+        if not self._off:
+            try:
+                self._file = tempfile.TemporaryFile(prefix="kgpipe-nt-", dir=self.folder)  # noqa: SIM115
+            except OSError:
+                self._off = True
+
+    def add(self, triples: Triples) -> None:
+        if self._file is None:
+            return
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, _SCHEMA) as writer:
+            writer.write_batch(pa.record_batch(list(triples), schema=_SCHEMA))
+        data = sink.getvalue()
+        try:
+            self._file.write(len(data).to_bytes(8, "little"))
+            self._file.write(data)
+        except OSError:  # no room left: the second read parses the file again
+            self._off = True
+            self.close()
+
+    def done(self, sha: str) -> None:
+        if self._file is not None:
+            self.sha = sha
+
+    def batches(self) -> Iterator[Triples]:
+        assert self._file is not None
+        self._file.seek(0)
+        while head := self._file.read(8):
+            batch = pa.ipc.open_stream(self._file.read(int.from_bytes(head, "little")))
+            columns = batch.read_next_batch().columns
+            yield columns[0], columns[1], columns[2]
+        self.close()  # the second read was the last
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+        self._file, self.sha = None, None
+
+
+_SCHEMA = pa.schema([(name, pa.large_string()) for name in ("h", "r", "t")])
+
+
 @contextlib.contextmanager
 def ntriples_batches(
     url: str,
@@ -58,16 +112,29 @@ def ntriples_batches(
     keep_literals: bool,
     rows: int,
     counts: dict[str, int],
+    parsed: Parsed,
 ) -> Iterator[tuple[Iterator[Triples], Callable[[], str]]]:
     """The file's statements, ``rows`` at a time, and the SHA-256 of the bytes read so far;
-    ``counts["dropped"]``: the statements whose literal object was dropped, once read."""
+    ``counts["dropped"]``: the statements whose literal object was dropped, once read. The
+    second read takes what the first parsed from ``parsed`` when it holds it."""
+    if parsed.sha is not None:
+        sha = parsed.sha
+        yield parsed.batches(), lambda: sha
+        return
     with opened(url, storage_options) as f:
-        sha = hashlib.sha256()
-        yield _batches(f, url, keep_literals, rows, counts, sha), sha.hexdigest
+        digest = hashlib.sha256()
+        parsed.start()
+        yield _batches(f, url, keep_literals, rows, counts, digest, parsed), digest.hexdigest
 
 
 def _batches(
-    f: IO[bytes], url: str, keep_literals: bool, rows: int, counts: dict[str, int], sha: Any
+    f: IO[bytes],
+    url: str,
+    keep_literals: bool,
+    rows: int,
+    counts: dict[str, int],
+    sha: Any,
+    parsed: Parsed,
 ) -> Iterator[Triples]:
     heads: list[str] = []
     rels: list[str] = []
@@ -91,13 +158,18 @@ def _batches(
         tails.append(triple[2])
         if len(heads) >= rows:
             kept += len(heads)
-            yield _arrays(heads, rels, tails)
+            triples = _arrays(heads, rels, tails)
+            parsed.add(triples)
+            yield triples
     kept += len(heads)
     if heads:
-        yield _arrays(heads, rels, tails)
+        triples = _arrays(heads, rels, tails)
+        parsed.add(triples)
+        yield triples
     if kept == 0 and dropped:  # the line parser's word on a split of literal statements only
         raise Fallback(url)
     counts["dropped"] = dropped
+    parsed.done(sha.hexdigest())
 
 
 def _arrays(heads: list[str], rels: list[str], tails: list[str]) -> Triples:

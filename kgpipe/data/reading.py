@@ -21,6 +21,7 @@ from kgpipe.data.columnar import (
     scan_file,
     sorted_labels,
 )
+from kgpipe.data.columnar_nt import Parsed as NtParsed
 from kgpipe.data.columnar_nt import ntriples_batches, ntriples_row
 from kgpipe.data.columnar_parquet import parquet_batches, parquet_row
 from kgpipe.data.columnar_tsv import Layout, tsv_batches
@@ -266,7 +267,8 @@ def _nt_reader(src: Source, cfg: DataConfig, counts: dict[str, int]) -> BatchRea
         return None
     rows = max(1 << 12, cfg.read_block_bytes // 128)
     keep = cfg.literals == "keep"
-    return lambda _c: ntriples_batches(src.url, src.storage_options, keep, rows, counts)
+    parsed = NtParsed(cfg.spill_dir)  # the first read's statements, for the second
+    return lambda _c: ntriples_batches(src.url, src.storage_options, keep, rows, counts, parsed)
 
 
 def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
