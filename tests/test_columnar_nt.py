@@ -10,19 +10,11 @@ from typing import Any
 
 import pytest
 from test_columnar import compare
+from test_data_formats import NT as NT_BYTES
 
 from kgpipe.config import DataConfig
 
-NT = """# a comment
-<http://ex.org/a> <http://ex.org/knows> <http://ex.org/b> .
-_:b1 <http://ex.org/knows> <http://ex.org/a> .
-
-<http://ex.org/a> <http://ex.org/name> "Alice \\"A\\" Smith"@en .
-<http://ex.org/a> <http://ex.org/age> "42"^^<http://www.w3.org/2001/XMLSchema#integer> .
-<http://ex.org/b> <http://ex.org/knows> _:b1.  # trailing comment
-<http://ex.org/b> <http://ex.org/name> "Bob" .
-<http://ex.org/b> <http://ex.org/knows> <http://ex.org/c> .
-"""
+NT = NT_BYTES.decode() + "<http://ex.org/b> <http://ex.org/knows> <http://ex.org/c> .\n"
 ESCAPED = r"""<http://ex.org/Caf\u00E9> <http://ex.org/p> <http://ex.org/b> .
 <http://ex.org/Caf\U000000e9> <http://ex.org/p> "caf\u00e9"@EN .
 <http://ex.org/Café> <http://ex.org/p> "café"@en .

@@ -114,6 +114,18 @@ def _quiet_undecodable_rows() -> Iterator[None]:
         sys.unraisablehook = previous
 
 
+def _quietly(gen: Callable[..., Iterator[Triples]]) -> Callable[..., Iterator[Triples]]:
+    """``gen``'s items, read under :func:`_quiet_undecodable_rows`."""
+
+    @functools.wraps(gen)
+    def quiet(*args: Any) -> Iterator[Triples]:
+        with _quiet_undecodable_rows():
+            yield from gen(*args)
+
+    return quiet
+
+
+@_quietly
 def _batches(
     f: _Hashing,
     url: str,
@@ -125,18 +137,6 @@ def _batches(
     """``(heads, relations, tails)`` string arrays, a block at a time, comments dropped (and
     counted in ``comments[0]`` where they hold three non-blank fields, as the line parser's
     :func:`~kgpipe.data.formats.text.comment_triple`)."""
-    with _quiet_undecodable_rows():
-        yield from _read_batches(f, url, delimiter, block_size, comments, layout)
-
-
-def _read_batches(
-    f: _Hashing,
-    url: str,
-    delimiter: str,
-    block_size: int,
-    comments: list[int] | None,
-    layout: Layout,
-) -> Iterator[tuple[pa.Array, pa.Array, pa.Array]]:
     if max(layout.pick) >= layout.fields:  # the rows are too short: the line parser's error
         raise Fallback(url)
     names = [f"f{i}" for i in range(layout.fields)]
