@@ -424,3 +424,46 @@ def _files(tmp_path: Path, files: dict[str, str | bytes], ext: str) -> dict[str,
         path.write_bytes(text.encode() if isinstance(text, str) else text)
         urls[split] = str(path)
     return urls
+
+
+def test_comment_warnings_are_said_before_a_later_splits_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The columnar reader kept its warnings until every split was read: an error in valid
+    lost train's, which the line parser says before it fails."""
+    files = {"train": "#x\ty\tz\n" + GRAPH, "valid": ""}
+    for columnar in (True, False):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="kgpipe.data"):
+            out, _ = _load(DataConfig(**_files(tmp_path, files, "tsv")), columnar, monkeypatch)
+        assert "valid.tsv: no triples found (empty file)" in out
+        said = [r for r in caplog.records if "skipped as comments" in r.getMessage()]
+        assert len(said) == 1, (columnar, said)
+
+
+def test_comments_before_a_header_row_are_counted_by_both_readers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The line parser's tab-separated header search skipped them uncounted (its CSV parser and
+    the columnar reader counted them)."""
+    files = {"train": "#a\tb\tc\n\nh\tr\tt\n" + GRAPH}
+    for columnar in (True, False):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="kgpipe.data"):
+            _out, _ = _load(
+                DataConfig(**_files(tmp_path, files, "tsv"), header=True), columnar, monkeypatch
+            )
+        said = [r for r in caplog.records if "skipped as comments" in r.getMessage()]
+        assert len(said) == 1 and "1 line starting" in said[0].getMessage(), (columnar, said)
+
+
+def test_a_csv_line_over_the_limit_before_the_header_is_the_first_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Resolving data.columns came first: "tail column 'zz' not in the header" at line 2,
+    where the csv module refuses line 1."""
+    text = " " * 140_000 + "\nid,h,r,t\n1,a,r1,b\n2,b,r2,c\n"
+    out, _ = _both(
+        tmp_path, monkeypatch, {"train": text}, ext="csv", header=True, columns=("h", "r", "zz")
+    )
+    assert isinstance(out, str) and "line 1: malformed CSV: field larger than field limit" in out

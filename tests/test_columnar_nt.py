@@ -5,6 +5,7 @@ or the same error with the same line."""
 from __future__ import annotations
 
 import gzip
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -134,3 +135,71 @@ def test_each_statement_is_parsed_once_where_there_is_room(
     )  # the line parser's: not counted
     if room:
         assert list(spill.iterdir()) == []  # nameless, and closed after the second read
+
+
+_TEMPORARY = tempfile.TemporaryFile
+
+
+class _FullDisk:
+    """A temporary file whose buffered bytes meet a full disk when flushed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._f = _TEMPORARY()
+
+    def write(self, data: Any) -> int:
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def test_a_full_spill_folder_at_the_last_batch_parses_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last batch stayed in the file's buffer until the second read's seek wrote it: a
+    full disk there failed staging ("cannot read: [Errno 28]") instead of parsing again."""
+    import kgpipe.data.columnar_nt as columnar_nt
+
+    monkeypatch.setattr(columnar_nt.tempfile, "TemporaryFile", _FullDisk)
+    out, seen = compare(DataConfig(**_write(tmp_path, {"train": NT}, gz=False)), monkeypatch)
+    assert seen == ["columnar"] and not isinstance(out, str), out
+
+
+def test_the_caches_are_closed_when_a_later_split_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parsed train file's cache stayed open (its disk space held) while the error lived."""
+    import kgpipe.data.reading as reading
+
+    made: list[Any] = []
+
+    class Tracked(reading.NtParsed):  # type: ignore[name-defined,misc]
+        def __init__(self, folder: str | None) -> None:
+            super().__init__(folder)
+            made.append(self)
+
+    monkeypatch.setattr(reading, "NtParsed", Tracked)
+    urls = _write(tmp_path, {"train": NT, "valid": OK + "bad\n"}, gz=False)
+    out, _ = compare(DataConfig(**urls), monkeypatch)
+    assert "valid.nt, line 2: malformed N-Triples statement" in out
+    assert len(made) == 2 and all(m._file is None for m in made)
+
+
+@pytest.mark.parametrize("compression", ["xz", "bz2"])
+def test_a_truncated_file_says_the_same_through_both_readers(
+    compression: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streamed, lzma and bz2 say "Compressed file ended ..."; read whole, "Compressed data"."""
+    import bz2
+    import lzma
+
+    data = (lzma.compress if compression == "xz" else bz2.compress)((NT * 50).encode())
+    path = tmp_path / f"train.nt.{compression}"
+    path.write_bytes(data[: len(data) // 2])
+    out, _ = compare(DataConfig(train=str(path)), monkeypatch)
+    assert isinstance(out, str) and "cannot decompress" in out, out

@@ -85,6 +85,12 @@ class Parsed:
 
     def done(self, sha: str) -> None:
         if self._file is not None:
+            try:
+                self._file.flush()  # the last batch too, while a full disk can still be taken
+            except OSError:
+                self._off = True
+                self.close()
+                return
             self.sha = sha
 
     def batches(self) -> Iterator[Triples]:

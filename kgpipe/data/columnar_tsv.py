@@ -168,6 +168,8 @@ def _batches(
     for number, chunk in enumerate(_chunks(f, block_size)):
         if number and chunk.startswith(codecs.BOM_UTF8):  # pyarrow would drop it: not a label's
             raise Fallback(url)
+        if len(chunk) >= 1 << 31:  # more than pyarrow's blocks hold (int32): a line of GBs
+            raise Fallback(url)
         read_options.block_size = len(chunk) + 1  # the chunk's lines in one block
         try:
             table = pcsv.read_csv(
@@ -208,17 +210,16 @@ def _batches(
 def _chunks(f: _Hashing, block_size: int) -> Iterator[bytes]:
     """The file's bytes in pieces of about ``block_size`` that end at a line feed (the last at
     the end of the file): whole lines, a longer piece for a line longer than a block."""
-    rest = b""
+    pending: list[bytes] = []  # read since the last line feed
     while data := f.read(block_size):
-        data = rest + data if rest else data
         cut = data.rfind(b"\n") + 1
         if cut == 0:  # no line end yet: a line longer than what was read
-            rest = data
+            pending.append(data)
             continue
-        rest = data[cut:]
-        yield data[:cut]
-    if rest:
-        yield rest
+        yield b"".join([*pending, data[:cut]]) if pending else data[:cut]
+        pending = [data[cut:]] if cut < len(data) else []
+    if pending:
+        yield b"".join(pending)
 
 
 def _arrow_owned(data: bytes) -> pa.Buffer:

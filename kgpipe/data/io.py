@@ -115,8 +115,15 @@ def decompress(data: bytes, compression: str | None, *, source: str) -> bytes:
     except ImportError as err:
         raise DataError(source, str(err)) from None
     except (OSError, EOFError, ValueError, zlib.error, lzma.LZMAError) as err:
-        detail = str(err) or type(err).__name__
-        raise DataError(source, f"cannot decompress ({compression}): {detail}") from None
+        raise DataError(source, f"cannot decompress ({compression}): {_detail(err)}") from None
+
+
+def _detail(err: BaseException) -> str:
+    """A decompressor's error, in the same words whether the file was read whole or streamed
+    (lzma and bz2 say "Compressed data ended ..." for one, "Compressed file ..." for the other)."""
+    return (str(err) or type(err).__name__).replace(
+        "Compressed file ended", "Compressed data ended"
+    )
 
 
 class Fallback(Exception):
@@ -254,7 +261,7 @@ def opened(url: str, storage_options: dict[str, Any] | None) -> Iterator[IO[byte
                 stream = compr[compression](store, mode="rb")
             yield stream
         except (EOFError, zlib.error, lzma.LZMAError) as err:
-            raise DataError(url, f"cannot decompress ({compression}): {err}") from None
+            raise DataError(url, f"cannot decompress ({compression}): {_detail(err)}") from None
         except OSError as err:  # the store's faults are retried or reported; else a bad stream
             if err is store.fault or isinstance(err, FileNotFoundError | PermissionError):
                 raise

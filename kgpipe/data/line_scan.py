@@ -17,6 +17,8 @@ __all__ = ["check_utf8", "first_row", "locate_problem", "row_line"]
 
 #: what Python's ``csv`` module reads otherwise than text between delimiters
 _NOT_PLAIN_CSV = ('"', "\0", "\r")
+#: the csv module's field limit, asked when a file is read (``first_row``'s ``csv`` is a flag)
+_field_limit = csv.field_size_limit
 
 
 def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, bytes]]:
@@ -58,8 +60,11 @@ def first_row(
     line): its header row, or its first triple; None when it has none. Raises
     :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module reads
     otherwise; the line parser's error at invalid UTF-8 up to it (the first in the file)."""
+    limit = _field_limit()
     for number, line in _decoded(url, storage_options):
         if csv and any(c in line for c in _NOT_PLAIN_CSV):
+            raise Fallback(url)
+        if csv and line[:1] != "#" and len(line) > limit:  # perhaps a field the module refuses
             raise Fallback(url)
         if not skipped_line(line, delimiter):
             return number, line

@@ -93,16 +93,38 @@ def _columnar_ok(src: Source, cfg: DataConfig) -> bool:
 
 
 def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) -> Parsed:
+    warnings: list[str] = []  # said once every split is read, or before an error as the line
+    caches: list[NtParsed] = []  # parser does (not when it reads them all again instead)
+    try:
+        out = _columnar(srcs, cfg, retry, warnings, caches)
+    except DataError:
+        for warning in warnings:
+            _log.warning(warning)
+        raise
+    finally:
+        for cache in caches:  # their disk space now, not when the traceback is dropped
+            cache.close()
+    for warning in warnings:
+        _log.warning(warning)
+    return out
+
+
+def _columnar(
+    srcs: list[Source],
+    cfg: DataConfig,
+    retry: RetryPolicy | None,
+    warnings: list[str],
+    caches: list[NtParsed],
+) -> Parsed:
     block = cfg.read_block_bytes
     scans: dict[str, FileScan] = {}
     by_split = {src.split: src for src in srcs}
     dropped: dict[str, dict[str, int]] = {src.split: {} for src in srcs}  # N-Triples' literals
     readers = {
-        src.split: _parquet_reader(src, cfg) or _nt_reader(src, cfg, dropped[src.split])
+        src.split: _parquet_reader(src, cfg) or _nt_reader(src, cfg, dropped[src.split], caches)
         for src in srcs
     }
     layouts: dict[str, Layout] = {}
-    warnings: list[str] = []
     for src in srcs:
         delimiter = _delimiter(cfg, src)
         parquet = readers[src.split] is not None  # or N-Triples: not read as delimited text
@@ -139,7 +161,7 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
             raise  # none: the line parser reads it
         check_benchmark(src, scan.sha256)
         scans[src.split] = scan
-        if scan.comment_triples:  # said once the columnar reader has read every split
+        if scan.comment_triples:
             warnings.append(comment_warning(src.url, scan.comment_triples))
 
     train = scans["train"]
@@ -178,8 +200,6 @@ def _read_columnar(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | Non
     except BaseException:
         close_all(spilled)  # their disk space now, not when the traceback is dropped
         raise
-    for warning in warnings:
-        _log.warning(warning)
     pa.default_memory_pool().release_unused()  # the blocks' memory, back to the system
     # the entity labels stay in their Arrow array (a tuple of Python strings is ~3x the size)
     vocab = Vocabulary(entities=Labels(entities), relations=tuple(relations.to_pylist()))
@@ -260,7 +280,9 @@ def _text_layout(
     return mode, Layout(len(line.split(delimiter)), pick)
 
 
-def _nt_reader(src: Source, cfg: DataConfig, counts: dict[str, int]) -> BatchReader | None:
+def _nt_reader(
+    src: Source, cfg: DataConfig, counts: dict[str, int], caches: list[NtParsed]
+) -> BatchReader | None:
     """An N-Triples file's statements, ``cfg.read_block_bytes`` / 128 at a time (a statement
     is some tens to hundreds of bytes); None for another format."""
     if _format(src, cfg) != "ntriples":
@@ -268,6 +290,7 @@ def _nt_reader(src: Source, cfg: DataConfig, counts: dict[str, int]) -> BatchRea
     rows = max(1 << 12, cfg.read_block_bytes // 128)
     keep = cfg.literals == "keep"
     parsed = NtParsed(cfg.spill_dir)  # the first read's statements, for the second
+    caches.append(parsed)
     return lambda _c: ntriples_batches(src.url, src.storage_options, keep, rows, counts, parsed)
 
 

@@ -64,6 +64,7 @@ def _parse_tsv(
     if header:
         for i, line in enumerate(lines):
             if skipped_line(line, delimiter):
+                comments += comment_triple(line, delimiter)  # as below, and as CSV counts them
                 continue
             names = line.split(delimiter)
             header_line = i + 1
