@@ -24,30 +24,10 @@ import pyarrow as pa
 from kgpipe.data.columnar_tsv import Triples
 from kgpipe.data.formats.ntriples import DROPPED, statement
 from kgpipe.data.io import Fallback, opened
+from kgpipe.data.line_scan import decoded_lines
 from kgpipe.errors import DataError
 
 __all__ = ["Parsed", "ntriples_batches", "ntriples_row"]
-
-
-def _lines(f: IO[bytes], url: str, sha: Any = None) -> Iterator[tuple[int, str]]:
-    """``(number, text)`` of every line as :func:`~kgpipe.data.formats.text.split_lines` cuts
-    the decoded file (its LF and one CR before it removed, a leading BOM dropped); the line
-    parser's error at invalid UTF-8. ``sha`` is updated with every byte read."""
-    for number, raw in enumerate(f, 1):
-        if sha is not None:
-            sha.update(raw)
-        line = raw[:-1] if raw.endswith(b"\n") else raw
-        line = line[:-1] if line.endswith(b"\r") else line
-        try:
-            text = line.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise DataError(
-                url,
-                f"not valid UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1})",
-                line=number,
-                excerpt=line.rstrip(b"\r").decode("utf-8", errors="replace"),
-            ) from None
-        yield number, text[1:] if number == 1 and text.startswith("\ufeff") else text
 
 
 class Parsed:
@@ -146,7 +126,7 @@ def _batches(
     rels: list[str] = []
     tails: list[str] = []
     dropped = kept = 0
-    lines = _lines(f, url, sha)
+    lines = decoded_lines(f, url, sha)
     for number, line in lines:
         try:
             triple = statement(line, number, url, keep_literals)
@@ -192,7 +172,7 @@ def ntriples_row(
     """The line number and the tab-joined labels of statement ``row`` (0-based, in file order,
     dropped ones not counted), for an error message."""
     with opened(url, storage_options) as f:
-        for number, line in _lines(f, url):
+        for number, line in decoded_lines(f, url):
             triple = statement(line, number, url, keep_literals)
             if triple is None or triple is DROPPED:
                 continue

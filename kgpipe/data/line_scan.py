@@ -4,16 +4,15 @@ constant memory, for the line parser's own error with its line number
 
 from __future__ import annotations
 
-import codecs
 import csv
 from collections.abc import Iterator
-from typing import Any
+from typing import IO, Any
 
 from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, skipped_line
 from kgpipe.data.io import Fallback, opened
 from kgpipe.errors import DataError
 
-__all__ = ["check_utf8", "first_row", "locate_problem", "row_line"]
+__all__ = ["check_utf8", "decoded_lines", "first_row", "locate_problem", "row_line"]
 
 #: what Python's ``csv`` module reads otherwise than text between delimiters
 _NOT_PLAIN_CSV = ('"', "\0", "\r")
@@ -29,21 +28,31 @@ def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[i
             yield number, (line[:-1] if line.endswith(b"\r") else line)
 
 
-def _decoded(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:
-    """``(number, text)`` of every line (a leading BOM dropped); the line parser's error
-    at invalid UTF-8."""
-    decoder = codecs.getincrementaldecoder("utf-8")
-    for number, raw in _lines(url, storage_options):
+def decoded_lines(f: IO[bytes], url: str, sha: Any = None) -> Iterator[tuple[int, str]]:
+    """``(number, text)`` of every line of the open file ``f`` as
+    :func:`~kgpipe.data.formats.text.split_lines` cuts the decoded file (its LF and one CR
+    before it removed, a leading BOM dropped); the line parser's error at invalid UTF-8.
+    ``sha`` is updated with every byte read."""
+    for number, raw in enumerate(f, 1):
+        if sha is not None:
+            sha.update(raw)
+        line = raw[:-1] if raw.endswith(b"\n") else raw
+        line = line[:-1] if line.endswith(b"\r") else line
         try:
-            line = decoder().decode(raw, final=True)
+            text = line.decode("utf-8")
         except UnicodeDecodeError as err:
             raise DataError(
                 url,
-                f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})",
+                f"not valid UTF-8 (byte 0x{line[err.start]:02x} at column {err.start + 1})",
                 line=number,
-                excerpt=raw.decode("utf-8", errors="replace"),
+                excerpt=line.rstrip(b"\r").decode("utf-8", errors="replace"),
             ) from None
-        yield number, line[1:] if number == 1 and line.startswith("\ufeff") else line
+        yield number, text[1:] if number == 1 and text.startswith("\ufeff") else text
+
+
+def _decoded(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[int, str]]:
+    with opened(url, storage_options) as f:
+        yield from decoded_lines(f, url)
 
 
 def check_utf8(url: str, storage_options: dict[str, Any] | None) -> None:
@@ -94,7 +103,7 @@ def locate_problem(
     fields: DataError | None = None
     label: DataError | None = None
     need = 3 if pick is None else max(pick) + 1
-    limit = csv.field_size_limit() if fmt == "csv" else None
+    limit = _field_limit() if fmt == "csv" else None
     for number, line in _decoded(url, storage_options):
         if fmt == "csv" and any(c in line for c in _NOT_PLAIN_CSV):
             raise Fallback(url)
