@@ -28,7 +28,7 @@ import pyarrow.csv as pcsv
 from kgpipe.data.formats.text import comment_triple
 from kgpipe.data.io import Fallback, opened
 
-__all__ = ["Layout", "Triples", "tsv_batches"]
+__all__ = ["Layout", "Triples", "line_blocks", "tsv_batches"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def _batches(
     convert_options = pcsv.ConvertOptions(
         column_types=dict.fromkeys(names, pa.large_string()), strings_can_be_null=False
     )
-    for number, chunk in enumerate(_chunks(f, block_size)):
+    for number, chunk in enumerate(line_blocks(f, block_size)):
         if number and chunk.startswith(codecs.BOM_UTF8):  # pyarrow would drop it: not a label's
             raise Fallback(url)
         if len(chunk) >= 1 << 31:  # more than pyarrow's blocks hold (int32): a line of GBs
@@ -207,9 +207,10 @@ def _batches(
             yield h, r, t
 
 
-def _chunks(f: _Hashing, block_size: int) -> Iterator[bytes]:
+def line_blocks(f: IO[bytes] | _Hashing, block_size: int) -> Iterator[bytes]:
     """The file's bytes in pieces of about ``block_size`` that end at a line feed (the last at
-    the end of the file): whole lines, a longer piece for a line longer than a block."""
+    the end of the file): whole lines, a longer piece for a line longer than a block. Joined,
+    they are the file."""
     pending: list[bytes] = []  # read since the last line feed
     while data := f.read(block_size):
         cut = data.rfind(b"\n") + 1

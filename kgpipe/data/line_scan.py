@@ -28,12 +28,15 @@ def _lines(url: str, storage_options: dict[str, Any] | None) -> Iterator[tuple[i
             yield number, (line[:-1] if line.endswith(b"\r") else line)
 
 
-def decoded_lines(f: IO[bytes], url: str, sha: Any = None) -> Iterator[tuple[int, str]]:
+def decoded_lines(
+    f: IO[bytes], url: str, sha: Any = None, start: int = 1
+) -> Iterator[tuple[int, str]]:
     """``(number, text)`` of every line of the open file ``f`` as
     :func:`~kgpipe.data.formats.text.split_lines` cuts the decoded file (its LF and one CR
     before it removed, a leading BOM dropped); the line parser's error at invalid UTF-8.
-    ``sha`` is updated with every byte read."""
-    for number, raw in enumerate(f, 1):
+    ``sha`` is updated with every byte read; ``start``: the number of ``f``'s first line (a
+    file read on from a line of another)."""
+    for number, raw in enumerate(f, start):
         if sha is not None:
             sha.update(raw)
         line = raw[:-1] if raw.endswith(b"\n") else raw

@@ -283,15 +283,16 @@ def _text_layout(
 def _nt_reader(
     src: Source, cfg: DataConfig, counts: dict[str, int], caches: list[NtParsed]
 ) -> BatchReader | None:
-    """An N-Triples file's statements, ``cfg.read_block_bytes`` / 128 at a time (a statement
-    is some tens to hundreds of bytes); None for another format."""
+    """An N-Triples file's statements, a block of ``cfg.read_block_bytes`` at a time; None for
+    a file of another format."""
     if _format(src, cfg) != "ntriples":
         return None
-    rows = max(1 << 12, cfg.read_block_bytes // 128)
     keep = cfg.literals == "keep"
     parsed = NtParsed(cfg.spill_dir)  # the first read's statements, for the second
     caches.append(parsed)
-    return lambda _c: ntriples_batches(src.url, src.storage_options, keep, rows, counts, parsed)
+    return lambda _c: ntriples_batches(
+        src.url, src.storage_options, keep, cfg.read_block_bytes, counts, parsed
+    )
 
 
 def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
