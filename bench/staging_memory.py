@@ -12,7 +12,8 @@ graph's files as Parquet (written once next to them, columns ``head, relation, t
 ``--zstd`` compressed with Zstandard (written once next to them, ``*.tsv.zst``), ``--csv`` as
 CSV files with a header row ``head,relation,tail`` (written once next to them, read with
 ``data.header: true``), ``--wide-csv`` as CSV files of five columns ``id,head,weight,relation,
-tail`` read with ``data.columns: [head, relation, tail]``, ``--ntriples`` as N-Triples
+tail`` read with ``data.columns: [head, relation, tail]``, ``--quoted-csv`` as CSV files with every
+field quoted (R's ``write.csv``), ``--ntriples`` as N-Triples
 (``<http://kg.example/e/LABEL>`` IRIs; every tenth statement more with a literal object, dropped).
 
     git worktree add /tmp/kgpipe-before REV
@@ -98,6 +99,7 @@ def main() -> None:
     p.add_argument("--parquet", action="store_true", help="read the files as Parquet")
     p.add_argument("--csv", action="store_true", help="read the files as CSV with a header row")
     p.add_argument("--wide-csv", action="store_true", help="CSV of five columns, data.columns")
+    p.add_argument("--quoted-csv", action="store_true", help="CSV, every field quoted (R's)")
     p.add_argument("--ntriples", action="store_true", help="read the files as N-Triples")
     p.add_argument("--json")
     args = p.parse_args()
@@ -109,8 +111,8 @@ def main() -> None:
         _compress(graph)
     if args.parquet:
         _to_parquet(graph)
-    if args.csv or args.wide_csv:
-        _to_csv(graph, wide=args.wide_csv)
+    if args.csv or args.wide_csv or args.quoted_csv:
+        _to_csv(graph, wide=args.wide_csv, quoted=args.quoted_csv)
     if args.ntriples:
         _to_ntriples(graph)
     trees = code_trees(args.before, ROOT)
@@ -120,7 +122,8 @@ def main() -> None:
         trees = budgeted if args.budget_only else {**trees, **budgeted}
     with tempfile.TemporaryDirectory() as tmp:
         name = ("{}.parquet" if args.parquet else "{}.csv" if args.csv
-                else "{}.wide.csv" if args.wide_csv else "{}.nt" if args.ntriples
+                else "{}.wide.csv" if args.wide_csv else "{}.quoted.csv" if args.quoted_csv
+                else "{}.nt" if args.ntriples
                 else "{}.tsv.zst" if args.zstd else "{}.tsv")  # fmt: skip
         runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp, name], cwd=tmp)
     keys = ("read_seconds", "vocab_seconds", "stage_seconds", "lines_per_s", "read_peak",
@@ -138,7 +141,7 @@ def main() -> None:
     }  # fmt: skip
     print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
     kind = ("_parquet" if args.parquet else "_csv" if args.csv else "_wide_csv" if args.wide_csv
-            else "_nt" if args.ntriples else "_zstd" if args.zstd else "")  # fmt: skip
+            else "_quoted_csv" if args.quoted_csv else "_nt" if args.ntriples else "_zstd" if args.zstd else "")  # fmt: skip
     name = f"staging_memory_{args.edges}{kind}.json"
     write_result(out, Path(args.json or RESULTS / name))
 
@@ -162,14 +165,20 @@ def _to_parquet(graph: Path) -> None:
             pq.write_table(table, target)
 
 
-def _to_csv(graph: Path, *, wide: bool = False) -> None:
+def _to_csv(graph: Path, *, wide: bool = False, quoted: bool = False) -> None:
     """Each split's ``.csv`` (a header row, then the ``.tsv``'s lines with commas) next to it;
-    ``wide``: ``.wide.csv``, each row with a running id and a weight around its triple."""
+    ``wide``: ``.wide.csv``, each row with a running id and a weight around its triple;
+    ``quoted``: ``.quoted.csv``, every field quoted (as R's ``write.csv`` writes)."""
     for split in ("train", "valid", "test"):
-        target = graph / f"{split}.{'wide.' if wide else ''}csv"
+        target = graph / f"{split}.{'wide.' if wide else 'quoted.' if quoted else ''}csv"
         if target.exists():
             continue
         with open(graph / f"{split}.tsv", "rb") as src, open(target, "wb") as dst:
+            if quoted:
+                dst.write(b'"head","relation","tail"\n')
+                for line in src:
+                    dst.write(b'"%s"\n' % line.rstrip(b"\n").replace(b"\t", b'","'))
+                continue
             dst.write(b"id,head,weight,relation,tail\n" if wide else b"head,relation,tail\n")
             row = 0
             for line in src:

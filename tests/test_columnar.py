@@ -175,13 +175,41 @@ def _as_csv(text: str | bytes) -> str | bytes:
     return text.replace("\t", ",") if isinstance(text, str) else text.replace(b"\t", b",")
 
 
-#: CSV files the columnar reader hands to the line parser: the ``csv`` module reads quotes,
-#: NUL bytes and fields over its limit otherwise than text between commas
+#: CSV files that quote, which the columnar reader reads where pyarrow reads them as the
+#: ``csv`` module does (a record a line)
+QUOTED: dict[str, str] = {
+    "quoted fields": '"New York, NY",r1,"b"\n',
+    "a quote inside a field": 'a"b,r1,c\n',
+    "a quoted header": '"head","relation","tail"\n',
+    "doubled quotes": '"say ""hi""",r1,"b"""\n',
+    "a quoted tab": '"a\tb",r1,c\n',
+    "a quote after a space": ' "a",r1,c\n',
+    "a row of empty quoted fields": '"","",""\n',
+    "an empty quoted field": 'a,"",c\n',
+    "a bom before a quoted field": '\ufeff"a,b",r1,c\n',
+    "a quoted field last, crlf": 'a,r1,"c, d"\r\n',
+}
+#: ... and that the line parser reads (the csv module refuses text after a closing quote,
+#: pyarrow reads on; the columnar reader takes a `#` at a row's start as a comment)
+QUOTED_LINE_PARSER: dict[str, str] = {
+    "a quoted head that starts with a hash": '"#x",r1,b\n',
+    "a quoted field over two lines": 'a,"r\n1",b\n',
+    "text after a closing quote": '"a"b,r1,c\n',
+    "a space after a closing quote": 'a,"r1" ,c\n',
+    "a bom before text after a closing quote": '\ufeff"a"b,r1,c\n',
+    "a comment that quotes": '#x,"a,b",c\n',
+    "an unterminated quote": 'a,r1,"c\n',
+    "a quoted record of two empty fields": '"",""\n',
+}
+#: CSV files the columnar reader hands to the line parser: the ``csv`` module reads those
+#: quotes, NUL bytes and fields over its limit otherwise than pyarrow
 CSV_CASES: dict[str, dict[str, str | bytes]] = {
-    "quoted fields": {"train": '"New York, NY",r1,"b"\n' + _as_csv(GRAPH)},  # type: ignore[operator]
-    "a quoted head that starts with a hash": {"train": '"#x",r1,b\n' + _as_csv(GRAPH)},  # type: ignore[operator]
-    "a quote inside a field": {"train": 'a"b,r1,c\n' + _as_csv(GRAPH)},  # type: ignore[operator]
-    "a quoted header": {"train": '"head","relation","tail"\n' + _as_csv(GRAPH)},  # type: ignore[operator]
+    **{k: {"train": v + _as_csv(GRAPH)} for k, v in {**QUOTED, **QUOTED_LINE_PARSER}.items()},  # type: ignore[operator]
+    **{
+        f"{k}, last": {"train": _as_csv(GRAPH) + v}
+        for k, v in QUOTED_LINE_PARSER.items()
+        if "bom" not in k
+    },  # type: ignore[operator]
     "a quoted field over two lines": {"train": 'a,"r\n1",b\n' + _as_csv(GRAPH)},  # type: ignore[operator]
     "a nul byte": {"train": "a\0,r1,b\n" + _as_csv(GRAPH)},  # type: ignore[operator]
     "a field over the csv limit": {"train": "x" * 131_073 + ",r1,b\n" + _as_csv(GRAPH)},  # type: ignore[operator]
@@ -210,8 +238,10 @@ def test_csv_files_and_header_rows_equal_the_line_parser(
     case: str, fmt: str, header: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CSV files and ``data.header: true`` went to the line parser, which holds the whole file
-    and a Python string per field. A CSV file without quoting now takes the columnar reader,
-    and so does a file with a header row, each with the line parser's results and errors."""
+    and a Python string per field. A CSV file now takes the columnar reader (one that quotes
+    since session 57, where each line that quotes is a record pyarrow reads as the csv module
+    does), and so does a file with a header row, each with the line parser's results and
+    errors."""
     files = CASES.get(case) or CSV_CASES[case]
     if fmt == "csv":
         files = {k: _as_csv(v) for k, v in files.items()}
@@ -220,11 +250,70 @@ def test_csv_files_and_header_rows_equal_the_line_parser(
         # the csv module reads a CR before CR LF as part of the line end: not a label's; a blank
         # field stops the columnar reader before it knows the row is the header
         falls_back = (
-            FALLS_BACK | set(CSV_CASES) | ({"cr cr lf throughout"} if fmt == "csv" else set())
+            FALLS_BACK
+            | (set(CSV_CASES) - set(QUOTED))
+            | ({"cr cr lf throughout"} if fmt == "csv" else set())
         )
-        falls_back |= {"a header with a blank name"} if header is True else set()
+        falls_back |= (
+            {"a header with a blank name", "an empty quoted field"} if header is True else set()
+        )
         falls_back -= {"a comment over the limit"}  # not read as CSV: no limit
         assert seen == ([] if case in falls_back else ["columnar"])
+
+
+def _quoted_csv(seed: int, rows: int = 4_000) -> list[str]:
+    """Random CSV records a line each, quoting as spreadsheets and R write them, and more."""
+    import random
+
+    rng = random.Random(seed)
+
+    def field(n: int) -> str:
+        return rng.choice(
+            [f"e{n}", f'"e{n}"', f'"e, {n}"', f'"say ""{n}"""', f'e"{n}', f' "e{n}"', f'"e\t{n}"']
+        )
+
+    out = []
+    for n in range(rows):
+        r = rng.random()
+        if r < 0.01:
+            out.append(rng.choice(["# a note\n", "\n", '"","",""\n', "#a,b,c\n"]))
+        end = "\r\n" if seed % 2 and r < 0.5 else "\n"
+        out.append(f"{field(n % 300)},{field(n % 7)},{field((n * 7) % 300)}{end}")
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_quoted_csv_files_equal_the_line_parser(
+    seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CSV file that quoted went to the line parser whole; over 64-KiB blocks of records
+    that quote in every way the csv module reads on one line, the columnar reader gives its
+    data set; a record it would read otherwise, in a later block, gives its error."""
+    lines = _quoted_csv(seed)
+    out, seen = _both(
+        tmp_path, monkeypatch, {"train": "".join(lines)}, ext="csv", block_size="64KiB"
+    )
+    assert seen == ["columnar"] and not isinstance(out, str), out
+    bad = 3_000 + seed  # refused by both; read by the line parser (two lines, a `#` head)
+    lines.insert(bad, ['"a"b,r,c\n', 'a,"r\n1",c\n', '"#a",r,c\n', "a,b\n"][seed])
+    out, seen = _both(
+        tmp_path, monkeypatch, {"train": "".join(lines)}, ext="csv", block_size="64KiB"
+    )
+    if seed in (0, 3):
+        assert isinstance(out, str) and f"line {bad + 1}:" in out, out
+    else:
+        assert seen == [] and not isinstance(out, str), out
+
+
+def test_quoted_csv_names_the_line_and_labels_of_an_unseen_entity(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line of a triple was found by splitting lines at commas: a quoted label was cut
+    (and a row of empty quoted fields, skipped, was counted)."""
+    test = 'c,r1,"a, b"\n"","",""\n"""q""",r1,c\n'
+    files = {"train": '"a, b",r1,c\nc,r1,"a, b"\n', "test": test}
+    out, seen = _both(tmp_path, monkeypatch, files, ext="csv", unseen="error")
+    assert seen == ["columnar"] and "line 3" in out and '"q"\\tr1\\tc' in out, out
 
 
 WIDE = "id\th\tw\tr\tt\n1\ta\t.5\tr1\tb\n2\tb\t\tr2\tc\n3\tc\t1\tr1\ta\n4\ta\t2\tr2\tc\n"

@@ -208,7 +208,7 @@ class DataConfig(Frozen):
             "and deduplicated from there, a group of heads at a time (a split under it stays in "
             "memory). Beyond it staging holds the labels, the distinct triples (24 bytes each), "
             "one byte a line and label-sized temporaries. The columnar reader (tab-separated "
-            "files and CSV files without a quote character, N-Triples files; uncompressed "
+            "files, CSV files whose quoted fields keep to a line, N-Triples files; uncompressed "
             "Parquet files with string or integer columns) only; other files are read whole, "
             "with a warning. Default: none (all in memory)."
         ),

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from kgpipe.data.columnar_tsv import Triples, line_blocks
+from kgpipe.data.columnar_tsv import Triples, line_array, line_blocks
 from kgpipe.data.formats.ntriples import DROPPED, statement
 from kgpipe.data.io import Fallback, opened
 from kgpipe.data.line_scan import decoded_lines
@@ -184,12 +184,8 @@ LITERAL = (
 def _lines(chunk: bytes, start: int) -> pa.LargeStringArray | None:
     """The whole lines ``chunk`` as strings, each with its line end (a BOM before line 1
     left out); None when they are not UTF-8."""
-    ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + 1
-    if not len(ends) or ends[-1] != len(chunk):
-        ends = np.append(ends, len(chunk))
     first = 3 if start == 1 and chunk.startswith(codecs.BOM_UTF8) else 0
-    offsets = np.concatenate(([first], ends)).astype(np.int64)
-    lines = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(chunk))
+    lines = line_array(chunk, first)
     try:
         lines.validate(full=True)
     except pa.ArrowInvalid:

@@ -1,12 +1,15 @@
-"""Tab-separated files, and CSV files without quoting, as blocks of ``(heads, relations, tails)``
-string arrays for the columnar reader (:mod:`kgpipe.data.columnar`), through pyarrow's CSV
-reader, with the SHA-256 of the file's bytes; a line the line parser would take differently
-raises :class:`Fallback`.
+"""Tab-separated files and CSV files as blocks of ``(heads, relations, tails)`` string arrays
+for the columnar reader (:mod:`kgpipe.data.columnar`), through pyarrow's CSV reader, with the
+SHA-256 of the file's bytes; a line the line parser would take differently raises
+:class:`Fallback`.
 
-A CSV file is read here while it has no quote character (``"``), no NUL byte and no field
-longer than Python's ``csv`` module takes (``csv.field_size_limit()``): without them its fields
-are the text between delimiters, as in a tab-separated file. One that has any goes to the line
-parser (RFC 4180 quoting, where a quoted field may hold delimiters and line ends)."""
+A CSV file is read here while pyarrow reads it as Python's ``csv`` module (strict, RFC 4180
+quoting) does: no NUL byte, no field longer than the module takes
+(``csv.field_size_limit()``), and every line that holds a quote character (``"``) a whole
+record by :func:`quoted_record` (a quoted field that spans lines, text after a closing quote,
+which pyarrow reads on and the module refuses, or a comment or a head ``#...`` that quotes,
+goes to the line parser).
+"""
 
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import pyarrow.csv as pcsv
 from kgpipe.data.formats.text import comment_triple
 from kgpipe.data.io import Fallback, opened
 
-__all__ = ["Layout", "Triples", "line_blocks", "tsv_batches"]
+__all__ = ["Layout", "Triples", "line_array", "line_blocks", "quoted_record", "tsv_batches"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,7 @@ def tsv_batches(
 class _Hashing:
     """A binary reader that hashes what it hands on, and raises :class:`Fallback` at a carriage
     return not followed by a line feed (pyarrow ends a row there; the line parser does not),
-    and in a CSV file (``csv``) at a quote character or a NUL byte."""
+    and in a CSV file (``csv``) at a NUL byte."""
 
     def __init__(self, f: IO[bytes], url: str, *, csv: bool = False) -> None:
         self._f, self.sha, self.url = f, hashlib.sha256(), url
@@ -79,7 +82,7 @@ class _Hashing:
     def read(self, n: int = -1) -> bytes:
         data = self._f.read(n)
         self.sha.update(data)
-        if self.csv and (b'"' in data or b"\0" in data):
+        if self.csv and b"\0" in data:
             raise Fallback(self.url)
         if data and (self._cr or b"\r" in data):
             if self._cr and data[:1] != b"\n":
@@ -154,10 +157,11 @@ def _batches(
         return "skip" if not text.replace(delimiter, "").strip() else "error"
 
     read_options = pcsv.ReadOptions(column_names=names, use_threads=False)
+    record = quoted_record(delimiter) if f.csv else ""
     parse_options = pcsv.ParseOptions(
         delimiter=delimiter,
-        quote_char=False,
-        double_quote=False,
+        quote_char='"' if f.csv else False,
+        double_quote=f.csv,
         escape_char=False,
         ignore_empty_lines=True,
         invalid_row_handler=invalid,
@@ -169,6 +173,8 @@ def _batches(
         if number and chunk.startswith(codecs.BOM_UTF8):  # pyarrow would drop it: not a label's
             raise Fallback(url)
         if len(chunk) >= 1 << 31:  # more than pyarrow's blocks hold (int32): a line of GBs
+            raise Fallback(url)
+        if record and b'"' in chunk and not _quotes_as_csv_reads_them(chunk, number, record):
             raise Fallback(url)
         read_options.block_size = len(chunk) + 1  # the chunk's lines in one block
         try:
@@ -221,6 +227,43 @@ def line_blocks(f: IO[bytes] | _Hashing, block_size: int) -> Iterator[bytes]:
         pending = [data[cut:]] if cut < len(data) else []
     if pending:
         yield b"".join(pending)
+
+
+def line_array(chunk: bytes, first: int = 0, kind: pa.DataType | None = None) -> pa.Array:
+    """The lines of the whole-line block ``chunk`` (from byte ``first``), each with its line
+    end, as one ``large_string`` (or ``kind``) array over ``chunk``'s bytes, without a copy."""
+    ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + 1
+    if not len(ends) or ends[-1] != len(chunk):
+        ends = np.append(ends, len(chunk))
+    offsets = np.concatenate(([first], ends)).astype(np.int64)
+    return pa.Array.from_buffers(
+        kind or pa.large_string(), len(ends), [None, pa.py_buffer(offsets), pa.py_buffer(chunk)]
+    )
+
+
+def quoted_record(delimiter: str) -> str:
+    """An RE2 pattern of one line that is a whole CSV record as the ``csv`` module (strict)
+    reads it: fields quoted (a quote doubled inside, no line end inside) or not (any text without the
+    delimiter that does not start with a quote), each quoted one followed by a delimiter or the
+    line's end."""
+    d = f"\\x{{{ord(delimiter):02x}}}"  # one ASCII character (the columnar reader's)
+    field = f'(?:"(?:[^"\\r\\n]|"")*"|[^"{d}\\r\\n][^{d}\\r\\n]*)?'
+    return f"^{field}(?:{d}{field})*\\r?\\n?$"
+
+
+def _quotes_as_csv_reads_them(chunk: bytes, number: int, record: str) -> bool:
+    """Whether every line of ``chunk`` (block ``number`` of its file) that holds a quote is a
+    whole record pyarrow reads as the ``csv`` module does, and not a comment (``#`` first,
+    where the line parser counts the fields between delimiters) nor a record whose quoted first
+    field starts with ``#`` (pyarrow's rows are taken as comments by it). Read as bytes: the
+    delimiter and the quote are ASCII."""
+    first = 3 if number == 0 and chunk.startswith(codecs.BOM_UTF8) else 0
+    lines = line_array(chunk, first, pa.large_binary())
+    quoted = pc.filter(lines, pc.match_substring(lines, '"'))
+    return bool(
+        pc.all(pc.match_substring_regex(quoted, record)).as_py()
+        and not pc.any(pc.match_substring_regex(quoted, '^"?#')).as_py()
+    )
 
 
 def _arrow_owned(data: bytes) -> pa.Buffer:

@@ -171,22 +171,30 @@ def row_line(
     row: int,
     header: bool,
     pick: tuple[int, int, int] = (0, 1, 2),
+    *,
+    quoting: bool = False,
 ) -> tuple[int | None, str | None]:
     """The line number and the tab-joined fields (``pick``: the head, relation and tail
     fields) of triple ``row`` (0-based, in file order) of a file the fast reader took, for an
-    error message."""
+    error message. ``quoting``: a CSV file, whose lines that quote are read by the ``csv``
+    module (the fast reader takes such a file only where each of them is one record)."""
     skip = header
     for number, raw in _lines(url, storage_options):
         line = raw.decode("utf-8", errors="replace")
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
-        if skipped_line(line, delimiter):  # as the fast reader skips them
+        if quoting and '"' in line:
+            fields = next(csv.reader([line], delimiter=delimiter))
+            if all(not f or f.isspace() for f in fields):  # a blank record, as it is skipped
+                continue
+        elif skipped_line(line, delimiter):  # as the fast reader skips them
             continue
+        else:
+            fields = line.split(delimiter)
         if skip:
             skip = False
             continue
         if row == 0:
-            fields = line.split(delimiter)
             return number, "\t".join(fields[i] for i in pick)
         row -= 1
     return None, None

@@ -1,7 +1,8 @@
 """Reading a graph's split files into label ids: the columnar reader (:mod:`kgpipe.data.columnar`)
-for tab-separated files, CSV files without quoting, N-Triples and Parquet files; the line parser
-(:mod:`kgpipe.data.line_reading`) for the rest (a CSV file with a quote character, compressed
-Parquet, a text file whose rows vary in field count under ``data.columns``)."""
+for tab-separated files, CSV files, N-Triples and Parquet files; the line parser
+(:mod:`kgpipe.data.line_reading`) for the rest (a CSV file with a quoted field over several
+lines or that pyarrow reads otherwise than the ``csv`` module, compressed Parquet, a text file
+whose rows vary in field count under ``data.columns``)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
     if cfg.memory_budget is not None:
         _log.warning(
             "data.memory_budget applies to the columnar reader (tab-separated files, CSV files "
-            "without quoting, N-Triples, Parquet files); %s is read by the line parser, which "
+            "whose quoted fields keep to a line, N-Triples, Parquet files); %s is read by the line parser, which "
             "holds whole files in memory",
             ", ".join(src.url for src in srcs),
         )
@@ -220,6 +221,7 @@ def _columnar(
                 index,
                 scans[split].header,
                 layouts[split].pick,
+                quoting=_format(src, cfg) == "csv",
             )
 
     return Parsed(
