@@ -498,10 +498,10 @@ def test_a_nul_delimiter_is_read_by_the_line_parser(
 def test_the_comment_warning_is_said_once_when_a_later_split_falls_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    files = {"train": "#x,y,z\n" + _as_csv(GRAPH), "valid": '"a",r1,b\n'}  # type: ignore[operator]
+    files = {"train": "#x,y,z\n" + _as_csv(GRAPH), "valid": '"a",r1,"b\nc"\n'}  # type: ignore[operator]
     with caplog.at_level("WARNING", logger="kgpipe.data"):
         out, seen = _load(DataConfig(**_files(tmp_path, files, "csv")), True, monkeypatch)
-    assert seen == [] and not isinstance(out, str)  # valid quotes: the line parser read both
+    assert seen == [] and not isinstance(out, str)  # a field over lines: the line parser read both
     said = [r for r in caplog.records if "skipped as comments" in r.getMessage()]
     assert len(said) == 1, [r.getMessage() for r in said]
 

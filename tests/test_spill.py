@@ -224,8 +224,8 @@ def test_spill_files_are_closed_when_a_later_split_fails(
 def test_the_line_parser_under_a_budget_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    path = tmp_path / "train.csv"  # a CSV file that quotes
-    path.write_text('"a",r,b\nb,r,c\n')
+    path = tmp_path / "train.csv"  # a CSV file with a quoted field over two lines
+    path.write_text('"a",r,"b\nc"\nb,r,c\n')
     with caplog.at_level("WARNING", logger="kgpipe.data"):
         load_dataset(DataConfig(train=str(path), memory_budget="64MiB"))
     assert "read by the line parser" in caplog.text and str(path) in caplog.text
