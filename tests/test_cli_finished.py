@@ -337,3 +337,26 @@ def test_predict_and_neighbours_read_a_committed_checkpoint(
     code, out, err = _run(["neighbours", str(stopped), "--entity", ents[3], "--json",
                            "--checkpoint", "3"], capsys)  # fmt: skip
     assert code == 0 and len(json.loads(out)) == 10, err
+
+
+def test_predict_warns_for_an_entity_no_training_triple_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Under data.unseen: keep (the default) an entity only in test is in the vocabulary, and
+    predict answered for it from its never-trained initial row, without a word."""
+    rnd = random.Random(1)
+    lines = sorted({f"e{rnd.randrange(40)}\tr{rnd.randrange(3)}\te{rnd.randrange(40)}\n"
+                    for _ in range(600)})  # fmt: skip
+    graph = tmp_path / "graph"
+    graph.mkdir()
+    (graph / "train.tsv").write_text("".join(lines[:-40]))
+    (graph / "valid.tsv").write_text("".join(lines[-40:-20]))
+    (graph / "test.tsv").write_text("".join(lines[-20:]) + "only_in_test\tr1\te1\n")
+    run = _train(tmp_path / "runs", "unseen", {k: str(graph / f"{k}.tsv") for k in
+                                                 ("train", "valid", "test")})  # fmt: skip
+    base = ["predict", str(run), "--relation", "r1", "--json"]
+    code, out, err = _run([*base, "--head", "only_in_test"], capsys)
+    assert code == 0 and json.loads(out), err
+    assert "warning" in err and "'only_in_test' is in none of the run's training" in err, err
+    code, out, err = _run([*base, "--head", "e1"], capsys)
+    assert code == 0 and "warning" not in err, err

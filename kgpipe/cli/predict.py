@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     import torch
     from rich.console import Console
 
+    from kgpipe.data.vocab import Vocabulary
+
 NAME = "predict"
 HELP = "top-scored tails (--head) or heads (--tail)"
 
@@ -99,6 +101,14 @@ def run(args: argparse.Namespace, console: Console) -> int:
         in_train = answers(staged[0])
         if args.filter_known:
             known = set().union(*(answers(t) for t in staged))
+        for what in _untrained(staged[0], anchor_id, rel, vocab):
+            console.print(
+                f"[yellow]warning:[/] {escape(what)} is in none of the run's training triples "
+                "(only in valid or test, kept by data.unseen: keep): its embedding was never "
+                "trained, so these scores mean nothing",
+                highlight=False,
+                soft_wrap=True,
+            )
     if sharded is not None:
         with storage_errors(args.run, "read the run's embeddings"):
             values, indices = sharded.top(anchor_id, rel, side, args.top, known)
@@ -136,3 +146,15 @@ def run(args: argparse.Namespace, console: Console) -> int:
     else:
         result_console().print(table)
     return 0
+
+
+def _untrained(train: torch.Tensor, entity: int, relation: int, vocab: Vocabulary) -> list[str]:
+    """The query's entity and relation where no training triple holds them: their rows are the
+    model's initial values (valid and test terms are in the vocabulary under
+    ``data.unseen: keep``, the default)."""
+    out = []
+    if not bool(((train[:, 0] == entity) | (train[:, 2] == entity)).any()):
+        out.append(f"entity {vocab.entities[entity]!r}")
+    if not bool((train[:, 1] == relation).any()):
+        out.append(f"relation {vocab.relations[relation]!r}")
+    return out
