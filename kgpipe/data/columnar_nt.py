@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from kgpipe.data.columnar_tsv import Triples, line_array, line_blocks
-from kgpipe.data.formats.ntriples import DROPPED, statement
+from kgpipe.data.formats.ntriples import DROPPED, XSD_STRING, statement
 from kgpipe.data.io import Fallback, opened
 from kgpipe.data.line_scan import decoded_lines
 from kgpipe.errors import DataError
@@ -175,7 +175,7 @@ _END = r" \.\r?\n?$"
 #: statements that the line parser reads as written: one space between terms, no escape (the
 #: shape RDF tools write); the others are read by it
 PLAIN = f"^{_TERM} {_IRI} {_TERM}{_END}"
-#: the same with a literal object, dropped unless literals are kept
+#: the same with a literal object (no escape either): dropped, or kept (:func:`_kept`)
 LITERAL = (
     f"^{_TERM} {_IRI} " + r'"[^"\\\n\r]*"(?:@[A-Za-z]+(?:-[A-Za-z0-9]+)*|\^\^' + _IRI + ")?" + _END
 )
@@ -202,33 +202,59 @@ def _fast_block(
 ) -> tuple[Triples | None, int]:
     """The statements of ``lines`` (line ``start`` first) and the count dropped: lines of the
     common shapes (:data:`PLAIN`, :data:`LITERAL`) read by pyarrow's kernels, in bulk; the
-    others, and all where literals are kept, one at a time by the line parser's
-    :func:`~kgpipe.data.formats.ntriples.statement`."""
-    plain = pc.match_substring_regex(lines, PLAIN)
-    known = plain
+    others one at a time by the line parser's
+    :func:`~kgpipe.data.formats.ntriples.statement`; all in the lines' order."""
+    is_plain = pc.match_substring_regex(lines, PLAIN).to_numpy(zero_copy_only=False)
+    is_literal = pc.match_substring_regex(lines, LITERAL).to_numpy(zero_copy_only=False)
+    parts: list[tuple[np.ndarray, Triples]] = []  # the rows' positions, their labels
+    if is_plain.any():
+        fast = lines if is_plain.all() else lines.filter(pa.array(is_plain))
+        split = pc.split_pattern(fast, " ", max_splits=3)
+        h, r, t = (_label(pc.list_element(split, i)) for i in range(3))
+        parts.append((np.flatnonzero(is_plain), (h, r, t)))
     dropped = 0
-    if not keep_literals:
-        literal = pc.match_substring_regex(lines, LITERAL)
-        dropped = pc.sum(literal.cast(pa.int64())).as_py() or 0
-        known = pc.or_(plain, literal)
-    is_plain = plain.to_numpy(zero_copy_only=False)
-    others = np.flatnonzero(~known.to_numpy(zero_copy_only=False))
-    fast = lines if is_plain.all() else pc.filter(lines, plain)
-    parts = pc.split_pattern(fast, " ", max_splits=3)
-    columns = [_label(pc.list_element(parts, i)) for i in range(3)]
-    del parts, fast
+    if is_literal.any():
+        if keep_literals:
+            parts.append((np.flatnonzero(is_literal), _kept(lines.filter(pa.array(is_literal)))))
+        else:
+            dropped = int(is_literal.sum())
+    others = np.flatnonzero(~(is_plain | is_literal))
     if len(others):
         rows = ((int(i) + start, _text(lines[int(i)].as_py())) for i in others)
         slow, kept, gone = _block(rows, url, keep_literals)
         dropped += gone
         if slow is not None:
-            at = np.concatenate([np.flatnonzero(is_plain), others[kept]])
-            order = pa.array(np.argsort(at, kind="stable"))
-            columns = [
-                pc.take(pa.concat_arrays([c, s]), order) for c, s in zip(columns, slow, strict=True)
-            ]
-    h, r, t = columns
-    return ((h, r, t) if len(h) else None), dropped
+            parts.append((others[kept], slow))
+    if not parts:
+        return None, dropped
+    if len(parts) == 1:
+        return parts[0][1], dropped
+    order = pa.array(np.argsort(np.concatenate([at for at, _ in parts]), kind="stable"))
+    h, r, t = (pc.take(pa.concat_arrays([p[1][i] for p in parts]), order) for i in range(3))
+    return (h, r, t), dropped
+
+
+#: :data:`LITERAL`'s terms, for the labels of kept literals
+_KEPT = (
+    f"^(?P<s>{_TERM}) <(?P<p>{_IRI[1:-1]})> "
+    + r'(?P<text>"[^"\\\n\r]*")(?:(?P<tag>@[A-Za-z]+(?:-[A-Za-z0-9]+)*)|\^\^<(?P<type>'
+    + _IRI[1:-1]
+    + ")>)?"
+    + _END
+)
+
+
+def _kept(lines: pa.Array) -> Triples:
+    """The labels of statements of :data:`LITERAL`'s shape, their literals kept as the line
+    parser spells them (the language tag in lower case, ``^^xsd:string`` left out)."""
+    terms = pc.extract_regex(lines, _KEPT)
+    kind = terms.field("type")
+    text = [pa.scalar(x, pa.large_string()) for x in ("^^<", ">", "", XSD_STRING)]
+    typed = pc.binary_join_element_wise(text[0], kind, text[1], text[2])
+    plain = pc.or_(pc.equal(kind, text[2]), pc.equal(kind, text[3]))
+    suffix = pc.if_else(plain, pc.utf8_lower(terms.field("tag")), typed)
+    tail = pc.binary_join_element_wise(terms.field("text"), suffix, text[2])
+    return _label(terms.field("s")), terms.field("p"), tail
 
 
 def _text(line: str) -> str:

@@ -310,7 +310,8 @@ def _parquet_reader(src: Source, cfg: DataConfig) -> BatchReader | None:
 def _text_reader(
     src: Source, delimiter: str, block_size: int, csv: bool, layout: Layout
 ) -> BatchReader:
-    """A text file's blocks (a CSV file's while it has no quoting: :mod:`~kgpipe.data.columnar_tsv`)."""
+    """A text file's blocks (a CSV file's while pyarrow reads its quoting as the ``csv`` module
+    does: :mod:`~kgpipe.data.columnar_tsv`)."""
     return lambda comments: tsv_batches(
         src.url, src.storage_options, delimiter, block_size, comments, csv=csv, layout=layout
     )

@@ -8,7 +8,7 @@ from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, Trip
 from kgpipe.data.formats.text import decode, split_lines
 from kgpipe.errors import DataError
 
-__all__ = ["DROPPED", "NTriples", "statement"]
+__all__ = ["DROPPED", "XSD_STRING", "NTriples", "statement"]
 
 
 @FORMATS.register("ntriples")
@@ -97,7 +97,7 @@ def statement(line: str, i: int, source: str, keep_literals: bool) -> tuple[str,
 _ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|U([0-9A-Fa-f]{8})|(.))", re.DOTALL)
 _ECHAR = {"t": "\t", "b": "\b", "n": "\n", "r": "\r", "f": "\f", '"': '"', "'": "'", "\\": "\\"}
 _NOT_IN_IRI = re.compile(r'[\x00-\x20<>"{}|^`\\]')
-_XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
+XSD_STRING = "http://www.w3.org/2001/XMLSchema#string"
 
 
 def _unescape(text: str, source: str, line: int, excerpt: str, *, echar: bool) -> str:
@@ -160,7 +160,7 @@ def _canonical_literal(literal: str, source: str, line: int, excerpt: str) -> st
         suffix = suffix.lower()
     elif suffix:
         iri = _iri(suffix[3:-1], source, line, excerpt)
-        suffix = "" if iri == _XSD_STRING else f"^^<{iri}>"
+        suffix = "" if iri == XSD_STRING else f"^^<{iri}>"
     return f'"{text}"{suffix}'
 
 
