@@ -185,6 +185,7 @@ QUOTED: dict[str, str] = {
     "a quoted tab": '"a\tb",r1,c\n',
     "a quote after a space": ' "a",r1,c\n',
     "a row of empty quoted fields": '"","",""\n',
+    "a quoted record of two empty fields": '"",""\n',
     "an empty quoted field": 'a,"",c\n',
     "a bom before a quoted field": '\ufeff"a,b",r1,c\n',
     "a quoted field last, crlf": 'a,r1,"c, d"\r\n',
@@ -199,7 +200,6 @@ QUOTED_LINE_PARSER: dict[str, str] = {
     "a bom before text after a closing quote": '\ufeff"a"b,r1,c\n',
     "a comment that quotes": '#x,"a,b",c\n',
     "an unterminated quote": 'a,r1,"c\n',
-    "a quoted record of two empty fields": '"",""\n',
 }
 #: CSV files the columnar reader hands to the line parser: the ``csv`` module reads those
 #: quotes, NUL bytes and fields over its limit otherwise than pyarrow
@@ -314,6 +314,50 @@ def test_quoted_csv_names_the_line_and_labels_of_an_unseen_entity(
     files = {"train": '"a, b",r1,c\nc,r1,"a, b"\n', "test": test}
     out, seen = _both(tmp_path, monkeypatch, files, ext="csv", unseen="error")
     assert seen == ["columnar"] and "line 3" in out and '"q"\\tr1\\tc' in out, out
+
+
+R_CSV = '"","head","relation","tail"\n"1","a","r1","b"\n"2","b","r2","c"\n"3","c","r1","a"\n'
+
+
+@pytest.mark.parametrize("columns", [("head", "relation", "tail"), (1, 2, 3)])
+def test_r_write_csv_files_with_data_columns_take_the_columnar_reader(
+    columns: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R's write.csv quotes the header too, and names its row numbers "": the first row was
+    split at commas, so any quote in it sent the file to the line parser."""
+    out, seen = _both(
+        tmp_path, monkeypatch, {"train": R_CSV}, ext="csv", header=True, columns=columns
+    )
+    assert seen == ["columnar"] and not isinstance(out, str), out
+
+
+@pytest.mark.parametrize(
+    "bad", ['"a","b"\n', '"a","r1",""\n', "x" * 131_073 + ',"r1",b\n', '"a","r1","b",""\n']
+)
+def test_an_error_in_a_quoted_csv_is_found_without_the_line_parser(
+    bad: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line scan that names a columnar file's error gave up at the first quote, and the
+    line parser read the whole file to say it: a file too large for it had no error."""
+    rows = '"a","r1","b"\n"b","r2","c"\n"c, d","r1","a"\n'
+    files = {"train": rows * 50 + bad + '"a","r1","c"\n'}
+    out, _ = _both(tmp_path, monkeypatch, files, ext="csv")
+    assert isinstance(out, str) and "line 151" in out, out
+
+    def no(*args: Any) -> Any:
+        raise AssertionError("the line parser read the file")
+
+    monkeypatch.setattr(reading, "read_lines", no)
+    again, _ = _load(DataConfig(train=str(tmp_path / "train.csv")), True, monkeypatch)
+    assert again == out
+
+
+def test_a_blank_quoted_record_of_other_fields_is_skipped_by_the_columnar_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = {"train": '"a","r1","b"\n"",""\n" ",""," "\n"b","r1","c"\n'}
+    out, seen = _both(tmp_path, monkeypatch, files, ext="csv")
+    assert seen == ["columnar"] and not isinstance(out, str), out
 
 
 WIDE = "id\th\tw\tr\tt\n1\ta\t.5\tr1\tb\n2\tb\t\tr2\tc\n3\tc\t1\tr1\ta\n4\ta\t2\tr2\tc\n"

@@ -3,9 +3,13 @@ reader (:mod:`kgpipe.data.columnar`): a batch of statements at a time instead of
 and a Python string per term (the line parser's :mod:`kgpipe.data.formats.ntriples`, ~250 bytes
 a statement: RDF dumps of hundreds of millions of statements did not fit).
 
-Each line is read by the line parser's own :func:`~kgpipe.data.formats.ntriples.statement`, so
-the labels and errors are the line parser's; only what is held differs. The line parser decodes
-a whole file before it parses a statement, so a malformed statement is reported only once the
+A block of whole lines (``data.block_size``) is one Arrow string array. The lines written as
+RDF tools write them (three terms one space apart, no escape: :data:`PLAIN`, :data:`LITERAL`)
+are read in bulk by pyarrow's kernels; every other line by the line parser's own
+:func:`~kgpipe.data.formats.ntriples.statement`, and the two are merged in the lines' order.
+The patterns accept only lines that ``statement`` reads as they are written, so the labels,
+counts and errors are the line parser's; only what is held differs. The line parser decodes a
+whole file before it parses a statement, so a malformed statement is reported only once the
 rest of the file is known to be UTF-8 (else the first invalid byte is). A file whose statements
 all have literal objects that are dropped goes to the line parser
 (:class:`~kgpipe.data.io.Fallback`), which says so for train and keeps the empty split else.
@@ -13,7 +17,6 @@ all have literal objects that are dropped goes to the line parser
 
 from __future__ import annotations
 
-import codecs
 import contextlib
 import hashlib
 import io
@@ -177,15 +180,18 @@ _END = r" \.\r?\n?$"
 PLAIN = f"^{_TERM} {_IRI} {_TERM}{_END}"
 #: the same with a literal object (no escape either): dropped, or kept (:func:`_kept`)
 LITERAL = (
-    f"^{_TERM} {_IRI} " + r'"[^"\\\n\r]*"(?:@[A-Za-z]+(?:-[A-Za-z0-9]+)*|\^\^' + _IRI + ")?" + _END
+    f"^(?P<s>{_TERM}) <(?P<p>{_IRI[1:-1]})> "
+    + r'(?P<text>"[^"\\\n\r]*")(?:(?P<tag>@[A-Za-z]+(?:-[A-Za-z0-9]+)*)|\^\^<(?P<type>'
+    + _IRI[1:-1]
+    + ")>)?"
+    + _END
 )
 
 
 def _lines(chunk: bytes, start: int) -> pa.LargeStringArray | None:
-    """The whole lines ``chunk`` as strings, each with its line end (a BOM before line 1
-    left out); None when they are not UTF-8."""
-    first = 3 if start == 1 and chunk.startswith(codecs.BOM_UTF8) else 0
-    lines = line_array(chunk, first)
+    """The lines of the whole-line block ``chunk`` as strings, each with its line end (a BOM
+    before line 1 left out); None when they are not UTF-8."""
+    lines = line_array(chunk, bom=start == 1)
     try:
         lines.validate(full=True)
     except pa.ArrowInvalid:
@@ -234,20 +240,10 @@ def _fast_block(
     return (h, r, t), dropped
 
 
-#: :data:`LITERAL`'s terms, for the labels of kept literals
-_KEPT = (
-    f"^(?P<s>{_TERM}) <(?P<p>{_IRI[1:-1]})> "
-    + r'(?P<text>"[^"\\\n\r]*")(?:(?P<tag>@[A-Za-z]+(?:-[A-Za-z0-9]+)*)|\^\^<(?P<type>'
-    + _IRI[1:-1]
-    + ")>)?"
-    + _END
-)
-
-
 def _kept(lines: pa.Array) -> Triples:
     """The labels of statements of :data:`LITERAL`'s shape, their literals kept as the line
     parser spells them (the language tag in lower case, ``^^xsd:string`` left out)."""
-    terms = pc.extract_regex(lines, _KEPT)
+    terms = pc.extract_regex(lines, LITERAL)
     kind = terms.field("type")
     text = [pa.scalar(x, pa.large_string()) for x in ("^^<", ">", "", XSD_STRING)]
     typed = pc.binary_join_element_wise(text[0], kind, text[1], text[2])

@@ -18,6 +18,7 @@ import contextlib
 import csv
 import functools
 import hashlib
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,10 +29,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 
-from kgpipe.data.formats.text import comment_triple
+from kgpipe.data.formats.text import blank_record, comment_triple
 from kgpipe.data.io import Fallback, opened
 
-__all__ = ["Layout", "Triples", "line_array", "line_blocks", "quoted_record", "tsv_batches"]
+__all__ = [
+    "Layout",
+    "Triples",
+    "line_array",
+    "line_blocks",
+    "quoted_record",
+    "record_fields",
+    "tsv_batches",
+]
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,8 @@ def _batches(
             return "skip"
         if limit is not None and len(text) > limit:  # perhaps a field the csv module refuses
             return "error"
+        if f.csv and '"' in text:  # a whole record (the block passed the gate): "","" is blank
+            return "skip" if blank_record(record_fields(text, delimiter)) else "error"
         return "skip" if not text.replace(delimiter, "").strip() else "error"
 
     read_options = pcsv.ReadOptions(column_names=names, use_threads=False)
@@ -229,9 +240,11 @@ def line_blocks(f: IO[bytes] | _Hashing, block_size: int) -> Iterator[bytes]:
         yield b"".join(pending)
 
 
-def line_array(chunk: bytes, first: int = 0, kind: pa.DataType | None = None) -> pa.Array:
-    """The lines of the whole-line block ``chunk`` (from byte ``first``), each with its line
-    end, as one ``large_string`` (or ``kind``) array over ``chunk``'s bytes, without a copy."""
+def line_array(chunk: bytes, *, bom: bool = False, kind: pa.DataType | None = None) -> pa.Array:
+    """The lines of the whole-line block ``chunk``, each with its line end, as one
+    ``large_string`` (or ``kind``) array over ``chunk``'s bytes, without a copy; ``bom``: the
+    file's first block, whose byte order mark, if any, is no line's."""
+    first = 3 if bom and chunk.startswith(codecs.BOM_UTF8) else 0
     ends = np.flatnonzero(np.frombuffer(chunk, np.uint8) == 10) + 1
     if not len(ends) or ends[-1] != len(chunk):
         ends = np.append(ends, len(chunk))
@@ -242,13 +255,35 @@ def line_array(chunk: bytes, first: int = 0, kind: pa.DataType | None = None) ->
 
 
 def quoted_record(delimiter: str) -> str:
-    """An RE2 pattern of one line that is a whole CSV record as the ``csv`` module (strict)
-    reads it: fields quoted (a quote doubled inside, no line end inside) or not (any text without the
-    delimiter that does not start with a quote), each quoted one followed by a delimiter or the
-    line's end."""
-    d = f"\\x{{{ord(delimiter):02x}}}"  # one ASCII character (the columnar reader's)
+    """An RE2 (and ``re``) pattern of one line that is a whole CSV record as the ``csv`` module
+    (strict) reads it: fields quoted (a quote doubled inside, no line end inside) or not (any
+    text without the delimiter that does not start with a quote: ``a"b`` is that text, in
+    pyarrow's reading too), each quoted one followed by a delimiter or the line's end."""
+    d = f"\\x{ord(delimiter):02x}"  # one ASCII character (the columnar reader's); RE2 and re
     field = f'(?:"(?:[^"\\r\\n]|"")*"|[^"{d}\\r\\n][^{d}\\r\\n]*)?'
     return f"^{field}(?:{d}{field})*\\r?\\n?$"
+
+
+@functools.cache
+def _field(delimiter: str) -> re.Pattern[str]:
+    d = f"\\x{ord(delimiter):02x}"
+    return re.compile(f'"((?:[^"\\r\\n]|"")*)"|[^"{d}\\r\\n][^{d}\\r\\n]*|')
+
+
+def record_fields(line: str, delimiter: str) -> list[str]:
+    """The fields of ``line`` (without its line end), a whole record by :func:`quoted_record`,
+    as the ``csv`` module reads them (but for its field limit, which the caller checks)."""
+    field = _field(delimiter)
+    out, pos = [], 0
+    while True:
+        m = field.match(line, pos)
+        assert m is not None  # the pattern's empty alternative matches anywhere
+        quoted = m.group(1)
+        out.append(m.group(0) if quoted is None else quoted.replace('""', '"'))
+        pos = m.end()
+        if pos >= len(line):
+            return out
+        pos += 1  # the delimiter
 
 
 def _quotes_as_csv_reads_them(chunk: bytes, number: int, record: str) -> bool:
@@ -257,8 +292,7 @@ def _quotes_as_csv_reads_them(chunk: bytes, number: int, record: str) -> bool:
     where the line parser counts the fields between delimiters) nor a record whose quoted first
     field starts with ``#`` (pyarrow's rows are taken as comments by it). Read as bytes: the
     delimiter and the quote are ASCII."""
-    first = 3 if number == 0 and chunk.startswith(codecs.BOM_UTF8) else 0
-    lines = line_array(chunk, first, pa.large_binary())
+    lines = line_array(chunk, bom=number == 0, kind=pa.large_binary())
     quoted = pc.filter(lines, pc.match_substring(lines, '"'))
     return bool(
         pc.all(pc.match_substring_regex(quoted, record)).as_py()

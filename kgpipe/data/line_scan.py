@@ -5,17 +5,26 @@ constant memory, for the line parser's own error with its line number
 from __future__ import annotations
 
 import csv
+import functools
+import re
 from collections.abc import Iterator
 from typing import IO, Any
 
-from kgpipe.data.formats.text import ROLES, describe_delimiter, field_problem, skipped_line
+from kgpipe.data.columnar_tsv import quoted_record, record_fields
+from kgpipe.data.formats.text import (
+    ROLES,
+    blank_record,
+    describe_delimiter,
+    field_problem,
+    skipped_line,
+)
 from kgpipe.data.io import Fallback, opened
 from kgpipe.errors import DataError
 
-__all__ = ["check_utf8", "decoded_lines", "first_row", "locate_problem", "row_line"]
+__all__ = ["check_utf8", "csv_fields", "decoded_lines", "first_row", "locate_problem", "row_line"]
 
 #: what Python's ``csv`` module reads otherwise than text between delimiters
-_NOT_PLAIN_CSV = ('"', "\0", "\r")
+_NOT_PLAIN_CSV = ("\0", "\r")
 #: the csv module's field limit, asked when a file is read (``first_row``'s ``csv`` is a flag)
 _field_limit = csv.field_size_limit
 
@@ -65,21 +74,55 @@ def check_utf8(url: str, storage_options: dict[str, Any] | None) -> None:
         pass
 
 
+@functools.cache
+def _record(delimiter: str) -> re.Pattern[str]:
+    return re.compile(quoted_record(delimiter))
+
+
+def csv_fields(line: str, delimiter: str, url: str) -> list[str]:
+    """The fields of a CSV file's line (not a comment) as the line parser's ``csv`` module
+    reads them where the columnar reader takes the file: the text between delimiters, or for
+    a line that quotes, the module's fields of the one whole record it is. Raises
+    :class:`~kgpipe.data.io.Fallback` at a line the columnar reader leaves to the line parser
+    (a NUL, a carriage return, a quote that is not a whole record's, a quoted head ``"#...``)."""
+    if any(c in line for c in _NOT_PLAIN_CSV):
+        raise Fallback(url)
+    if '"' not in line:
+        return line.split(delimiter)
+    if line[:2] == '"#' or not _record(delimiter).fullmatch(line):
+        raise Fallback(url)
+    return record_fields(line, delimiter)
+
+
+def _skipped(line: str, delimiter: str, url: str, quoting: bool) -> list[str] | None:
+    """``line``'s fields (:func:`csv_fields` where ``quoting``), None for a line the readers
+    skip (a comment, a blank line or record); a comment that quotes raises
+    :class:`~kgpipe.data.io.Fallback` as the columnar reader's gate does."""
+    if not quoting:
+        return None if skipped_line(line, delimiter) else line.split(delimiter)
+    if line[:1] == "#":
+        if '"' in line:
+            raise Fallback(url)
+        return None
+    fields = csv_fields(line, delimiter, url)
+    return None if blank_record(fields) else fields
+
+
 def first_row(
     url: str, storage_options: dict[str, Any] | None, delimiter: str, *, csv: bool = False
-) -> tuple[int, str] | None:
-    """The number and text of the file's first line that is not skipped (a comment or a blank
-    line): its header row, or its first triple; None when it has none. Raises
-    :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module reads
-    otherwise; the line parser's error at invalid UTF-8 up to it (the first in the file)."""
+) -> tuple[int, str, list[str]] | None:
+    """The number, text and fields (:func:`csv_fields` for ``csv``) of the file's first line
+    that is not skipped (a comment or a blank line): its header row, or its first triple;
+    None when it has none. Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file
+    that the columnar reader leaves to the line parser; the line parser's error at invalid
+    UTF-8 up to it (the first in the file)."""
     limit = _field_limit()
     for number, line in _decoded(url, storage_options):
-        if csv and any(c in line for c in _NOT_PLAIN_CSV):
-            raise Fallback(url)
         if csv and line[:1] != "#" and len(line) > limit:  # perhaps a field the module refuses
             raise Fallback(url)
-        if not skipped_line(line, delimiter):
-            return number, line
+        fields = _skipped(line, delimiter, url, csv)
+        if fields is not None:
+            return number, line, fields
     return None
 
 
@@ -99,23 +142,22 @@ def locate_problem(
     unless ``pick`` (``data.columns``: the head, relation and tail fields, of rows of at least
     as many fields) says which are taken. Returns when the file has none of them.
 
-    Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the ``csv`` module
-    reads otherwise (a quote, a NUL, a carriage return): only the line parser says what it
-    makes of it."""
+    Raises :class:`~kgpipe.data.io.Fallback` at a line of a CSV file that the columnar reader
+    leaves to the line parser (:func:`csv_fields`): only the line parser says what it makes
+    of it."""
     described = describe_delimiter(delimiter, fmt)
     fields: DataError | None = None
     label: DataError | None = None
     need = 3 if pick is None else max(pick) + 1
     limit = _field_limit() if fmt == "csv" else None
     for number, line in _decoded(url, storage_options):
-        if fmt == "csv" and any(c in line for c in _NOT_PLAIN_CSV):
-            raise Fallback(url)
+        read = _skipped(line, delimiter, url, fmt == "csv")
         if (
             limit is not None
             and fields is None
             and line[:1] != "#"  # a comment is not read as CSV (blank lines are)
             and len(line) > limit
-            and any(len(part) > limit for part in line.split(delimiter))
+            and any(len(part) > limit for part in csv_fields(line, delimiter, url))
         ):
             fields = DataError(
                 url,
@@ -123,9 +165,9 @@ def locate_problem(
                 line=number,
                 excerpt=line,
             )
-        if fields is not None or skipped_line(line, delimiter):
+        if fields is not None or read is None:
             continue
-        parts = line.split(delimiter)
+        parts = read
         if header:
             header = False
             if len(parts) != 3 and pick is None:
@@ -183,14 +225,9 @@ def row_line(
         line = raw.decode("utf-8", errors="replace")
         if number == 1 and line.startswith("\ufeff"):
             line = line[1:]
-        if quoting and '"' in line:
-            fields = next(csv.reader([line], delimiter=delimiter))
-            if all(not f or f.isspace() for f in fields):  # a blank record, as it is skipped
-                continue
-        elif skipped_line(line, delimiter):  # as the fast reader skips them
+        fields = _skipped(line, delimiter, url, quoting)
+        if fields is None:  # as the fast reader skips them
             continue
-        else:
-            fields = line.split(delimiter)
         if skip:
             skip = False
             continue

@@ -58,8 +58,8 @@ def read_splits(srcs: list[Source], cfg: DataConfig, retry: RetryPolicy | None) 
     if cfg.memory_budget is not None:
         _log.warning(
             "data.memory_budget applies to the columnar reader (tab-separated files, CSV files "
-            "whose quoted fields keep to a line, N-Triples, Parquet files); %s is read by the line parser, which "
-            "holds whole files in memory",
+            "whose quoted fields keep to a line, N-Triples, Parquet files); %s is read by the "
+            "line parser, which holds whole files in memory",
             ", ".join(src.url for src in srcs),
         )
     return read_lines(srcs, cfg, retry)
@@ -266,8 +266,8 @@ def _text_layout(
     with reading_errors(src.url):
         if first is None:  # nothing but comments and blank lines: the line parser says so
             raise Fallback(src.url)
-        number, line = first
-        names = line.split(delimiter) if header else None
+        number, line, fields = first
+        names = fields if header else None
         try:
             pick = resolve_columns(
                 cfg.columns,
@@ -279,7 +279,7 @@ def _text_layout(
         except DataError:
             check_utf8(src.url, src.storage_options)  # the line parser decodes the file first
             raise
-    return mode, Layout(len(line.split(delimiter)), pick)
+    return mode, Layout(len(fields), pick)
 
 
 def _nt_reader(

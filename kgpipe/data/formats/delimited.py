@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from kgpipe.data.formats.base import FORMATS, LabeledTriples, ParseOptions, TripleFormat
 from kgpipe.data.formats.text import (
+    blank_record,
     check_labels,
     comment_triple,
     decode,
@@ -191,7 +192,7 @@ def _parse_csv(
                 line=first_line,
                 excerpt=lines[min(first_line, last + 1) - 1],
             ) from None
-        if all(not field or field.isspace() for field in row):  # ",," too: a blank line
+        if blank_record(row):  # ",," too: a blank line
             continue
         if idx is None:  # the header row
             names = row

@@ -9,6 +9,7 @@ from kgpipe.errors import DataError
 
 __all__ = [
     "ROLES",
+    "blank_record",
     "check_labels",
     "comment_triple",
     "comment_warning",
@@ -64,6 +65,12 @@ def skipped_line(line: str, delimiter: str) -> bool:
         return True
     first = line[0]
     return (first == delimiter or first.isspace()) and not line.replace(delimiter, "").strip()
+
+
+def blank_record(fields: Sequence[str]) -> bool:
+    """A CSV record of empty or whitespace-only fields (``,,`` or ``"",""``): skipped, as a
+    blank line is."""
+    return all(not field or field.isspace() for field in fields)
 
 
 def comment_triple(line: str, delimiter: str) -> bool:
