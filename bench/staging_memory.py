@@ -14,7 +14,8 @@ CSV files with a header row ``head,relation,tail`` (written once next to them, r
 ``data.header: true``), ``--wide-csv`` as CSV files of five columns ``id,head,weight,relation,
 tail`` read with ``data.columns: [head, relation, tail]``, ``--quoted-csv`` as CSV files with every
 field quoted (R's ``write.csv``), ``--ntriples`` as N-Triples
-(``<http://kg.example/e/LABEL>`` IRIs; every tenth statement more with a literal object, dropped).
+(``<http://kg.example/e/LABEL>`` IRIs; every tenth statement more with a literal object, dropped,
+or kept as an entity with ``--keep-literals``).
 
     git worktree add /tmp/kgpipe-before REV
     .venv/bin/python bench/staging_memory.py --edges 10000000 --entities 2000000 \\
@@ -56,6 +57,8 @@ start = status("VmRSS")
 extra = {"memory_budget": budget} if budget else {}
 if name.endswith(".wide.csv"):
     extra["columns"] = ("head", "relation", "tail")
+if name.endswith(".nt"):
+    extra["literals"] = sys.argv[5]
 cfg = DataConfig(**{split: graph + "/" + name.format(split) for split in ("train", "valid", "test")},
                  header=name.endswith(".csv"), **extra)
 t0 = time.perf_counter()
@@ -101,10 +104,13 @@ def main() -> None:
     p.add_argument("--wide-csv", action="store_true", help="CSV of five columns, data.columns")
     p.add_argument("--quoted-csv", action="store_true", help="CSV, every field quoted (R's)")
     p.add_argument("--ntriples", action="store_true", help="read the files as N-Triples")
+    p.add_argument("--keep-literals", action="store_true", help="N-Triples: data.literals keep")
     p.add_argument("--json")
     args = p.parse_args()
     if args.budget_only and not args.budget:
         p.error("--budget-only needs --budget")
+    if args.keep_literals and not args.ntriples:
+        p.error("--keep-literals needs --ntriples")
     graph = Path(args.graph or f"/tmp/kgpipe-staging-{args.edges}")
     synth_graph(graph, entities=args.entities, relations=args.relations, edges=args.edges)
     if args.zstd:
@@ -125,7 +131,10 @@ def main() -> None:
                 else "{}.wide.csv" if args.wide_csv else "{}.quoted.csv" if args.quoted_csv
                 else "{}.nt" if args.ntriples
                 else "{}.tsv.zst" if args.zstd else "{}.tsv")  # fmt: skip
-        runs = interleaved_rounds(CHILD, trees, args.rounds, [str(graph), tmp, name], cwd=tmp)
+        literals = "keep" if args.keep_literals else "drop"
+        runs = interleaved_rounds(
+            CHILD, trees, args.rounds, [str(graph), tmp, name, literals], cwd=tmp
+        )
     keys = ("read_seconds", "vocab_seconds", "stage_seconds", "lines_per_s", "read_peak",
             "vocab_peak", "peak")  # fmt: skip
     out: dict[str, Any] = {
@@ -141,7 +150,8 @@ def main() -> None:
     }  # fmt: skip
     print(json.dumps(out["median"], indent=1), "same result:", out["same_result"])
     kind = ("_parquet" if args.parquet else "_csv" if args.csv else "_wide_csv" if args.wide_csv
-            else "_quoted_csv" if args.quoted_csv else "_nt" if args.ntriples else "_zstd" if args.zstd else "")  # fmt: skip
+            else "_quoted_csv" if args.quoted_csv
+            else "_nt_keep" if args.keep_literals else "_nt" if args.ntriples else "_zstd" if args.zstd else "")  # fmt: skip
     name = f"staging_memory_{args.edges}{kind}.json"
     write_result(out, Path(args.json or RESULTS / name))
 
