@@ -600,3 +600,14 @@ def test_a_csv_line_over_the_limit_before_the_header_is_the_first_error(
         tmp_path, monkeypatch, {"train": text}, ext="csv", header=True, columns=("h", "r", "zz")
     )
     assert isinstance(out, str) and "line 1: malformed CSV: field larger than field limit" in out
+
+
+def test_an_error_found_before_a_line_the_columnar_reader_leaves_is_still_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The line scan gave up at a later quote that is no whole record, after it had the error."""
+    files = {"train": 'a,r,b\na,r\n"a"b,r,c\n'}
+    out, _ = _both(tmp_path, monkeypatch, files, ext="csv")
+    monkeypatch.setattr(reading, "read_lines", lambda *a: pytest.fail("the line parser read it"))
+    again, _ = _load(DataConfig(train=str(tmp_path / "train.csv")), True, monkeypatch)
+    assert again == out and "line 2: expected 3" in out, out

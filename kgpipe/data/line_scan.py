@@ -151,10 +151,11 @@ def locate_problem(
     need = 3 if pick is None else max(pick) + 1
     limit = _field_limit() if fmt == "csv" else None
     for number, line in _decoded(url, storage_options):
+        if fields is not None:  # the first: read on only for invalid UTF-8, which comes first
+            continue
         read = _skipped(line, delimiter, url, fmt == "csv")
         if (
             limit is not None
-            and fields is None
             and line[:1] != "#"  # a comment is not read as CSV (blank lines are)
             and len(line) > limit
             and any(len(part) > limit for part in csv_fields(line, delimiter, url))
@@ -165,7 +166,7 @@ def locate_problem(
                 line=number,
                 excerpt=line,
             )
-        if fields is not None or read is None:
+        if fields is not None or read is None:  # the limit's error, or a line skipped
             continue
         parts = read
         if header:
