@@ -290,8 +290,8 @@ def _quotes_as_csv_reads_them(chunk: bytes, number: int, record: str) -> bool:
     """Whether every line of ``chunk`` (block ``number`` of its file) that holds a quote is a
     whole record pyarrow reads as the ``csv`` module does, and not a comment (``#`` first,
     where the line parser counts the fields between delimiters) nor a record whose quoted first
-    field starts with ``#`` (pyarrow's rows are taken as comments by it). Read as bytes: the
-    delimiter and the quote are ASCII."""
+    field starts with ``#`` (the columnar reader takes a row whose first field starts with
+    ``#`` for a comment). Read as bytes: the delimiter and the quote are ASCII."""
     lines = line_array(chunk, bom=number == 0, kind=pa.large_binary())
     quoted = pc.filter(lines, pc.match_substring(lines, '"'))
     return bool(

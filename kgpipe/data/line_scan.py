@@ -219,8 +219,8 @@ def row_line(
 ) -> tuple[int | None, str | None]:
     """The line number and the tab-joined fields (``pick``: the head, relation and tail
     fields) of triple ``row`` (0-based, in file order) of a file the fast reader took, for an
-    error message. ``quoting``: a CSV file, whose lines that quote are read by the ``csv``
-    module (the fast reader takes such a file only where each of them is one record)."""
+    error message. ``quoting``: a CSV file, whose lines that quote are read as the ``csv``
+    module reads them (the fast reader takes such a file only where each is one record)."""
     skip = header
     for number, raw in _lines(url, storage_options):
         line = raw.decode("utf-8", errors="replace")
