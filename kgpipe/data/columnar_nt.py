@@ -245,11 +245,13 @@ def _kept(lines: pa.Array) -> Triples:
     parser spells them (the language tag in lower case, ``^^xsd:string`` left out)."""
     terms = pc.extract_regex(lines, LITERAL)
     kind = terms.field("type")
-    text = [pa.scalar(x, pa.large_string()) for x in ("^^<", ">", "", XSD_STRING)]
-    typed = pc.binary_join_element_wise(text[0], kind, text[1], text[2])
-    plain = pc.or_(pc.equal(kind, text[2]), pc.equal(kind, text[3]))
+    opening, closing, empty, xsd = (
+        pa.scalar(x, pa.large_string()) for x in ("^^<", ">", "", XSD_STRING)
+    )
+    typed = pc.binary_join_element_wise(opening, kind, closing, empty)
+    plain = pc.or_(pc.equal(kind, empty), pc.equal(kind, xsd))
     suffix = pc.if_else(plain, pc.utf8_lower(terms.field("tag")), typed)
-    tail = pc.binary_join_element_wise(terms.field("text"), suffix, text[2])
+    tail = pc.binary_join_element_wise(terms.field("text"), suffix, empty)
     return _label(terms.field("s")), terms.field("p"), tail
 
 

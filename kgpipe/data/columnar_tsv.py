@@ -259,15 +259,25 @@ def quoted_record(delimiter: str) -> str:
     (strict) reads it: fields quoted (a quote doubled inside, no line end inside) or not (any
     text without the delimiter that does not start with a quote: ``a"b`` is that text, in
     pyarrow's reading too), each quoted one followed by a delimiter or the line's end."""
-    d = f"\\x{ord(delimiter):02x}"  # one ASCII character (the columnar reader's); RE2 and re
-    field = f'(?:"(?:[^"\\r\\n]|"")*"|[^"{d}\\r\\n][^{d}\\r\\n]*)?'
+    field = f"(?:{_field_pattern(delimiter, '?:')})"
+    d = _spelled(delimiter)
     return f"^{field}(?:{d}{field})*\\r?\\n?$"
+
+
+def _spelled(delimiter: str) -> str:
+    return f"\\x{ord(delimiter):02x}"  # one ASCII character (the columnar reader's); RE2 and re
+
+
+def _field_pattern(delimiter: str, group: str) -> str:
+    """One field of :func:`quoted_record`: quoted (its text in a group opened by ``group``:
+    ``?:`` for none), unquoted, or empty."""
+    d = _spelled(delimiter)
+    return f'"({group}(?:[^"\\r\\n]|"")*)"|[^"{d}\\r\\n][^{d}\\r\\n]*|'
 
 
 @functools.cache
 def _field(delimiter: str) -> re.Pattern[str]:
-    d = f"\\x{ord(delimiter):02x}"
-    return re.compile(f'"((?:[^"\\r\\n]|"")*)"|[^"{d}\\r\\n][^{d}\\r\\n]*|')
+    return re.compile(_field_pattern(delimiter, ""))
 
 
 def record_fields(line: str, delimiter: str) -> list[str]:
